@@ -1,0 +1,2 @@
+// PLACEHOLDER: being written.
+#include "ir/ir.h"
