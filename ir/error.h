@@ -27,7 +27,7 @@ class InvalidIrError : public Error {
   using Error::Error;
 };
 
-/// Malformed IR text. The message starts with `line:column:`.
+/// Malformed IR text. The message reads `modelpar ir parse: LINE:COL: ...`.
 class ParseError : public InvalidIrError {
  public:
   ParseError(std::string message, int text_line, int text_column,
