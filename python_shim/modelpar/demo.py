@@ -9,6 +9,8 @@ files of the graph and the per-device schedule.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -80,7 +82,12 @@ def run_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "mlp_pipeline_graph.dot").write_text(g.to_dot())
     (out / "mlp_pipeline_program.dot").write_text(program.to_dot())
-    print(f"  wrote {out / 'mlp_pipeline_graph.dot'} and {out / 'mlp_pipeline_program.dot'} "
-          f"(render with: dot -Tpng FILE -o out.png)")
+    dots = [out / "mlp_pipeline_graph.dot", out / "mlp_pipeline_program.dot"]
+    if shutil.which("dot"):
+        for d in dots:
+            subprocess.run(["dot", "-Tpng", str(d), "-o", str(d.with_suffix(".png"))], check=False)
+        print(f"  wrote {', '.join(str(d.with_suffix('.png')) for d in dots)} (and the .dot sources)")
+    else:
+        print(f"  wrote {', '.join(map(str, dots))} (install graphviz to render: dot -Tpng FILE -o out.png)")
     print("modelpar demo: " + ("all checks passed" if ok else "FAILED"))
     return 0 if ok else 1
