@@ -1,0 +1,149 @@
+// The model-parallel pass pipeline, passes/' entry point (ARCHITECTURE.md:
+// `plan(Graph, Options) -> Plan`, the Program plus its report):
+//
+//   cost → coarsen (optional) → place-mtopo | place-metf | place-msct → lower → simulate
+//
+// The cross-cutting work lives here, not in the passes (STYLE.md): every pass
+// is timed; the IR is verified after every pass, and a broken invariant names
+// the pass that broke it; with a dump directory the IR after every pass is
+// written as text; a progress callback hears each pass start and end; the
+// passes' counters are collected into a statistics table. Passes never print
+// and neither does the pipeline: Plan::summary() returns text.
+//
+// Nothing half-applied: every option is checked before the first pass runs,
+// and the passes work on a copy, so the caller's graph is never modified,
+// whether plan() returns or throws.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/program.h"
+#include "passes/coarsen.h"
+#include "passes/cost_model.h"
+#include "passes/device_model.h"
+#include "passes/lower.h"
+#include "passes/place_msct.h"
+#include "passes/placement.h"
+#include "passes/simulate.h"
+
+namespace modelpar::passes {
+
+inline constexpr std::string_view kPlanPipelineId = "plan";
+
+/// The placers plan() knows, by the names users type.
+inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
+
+/// One pass starting (finished = false) or ending (finished = true, with its
+/// time). index counts from 0 over `count` passes of this pipeline run.
+struct PassEvent {
+  std::string_view pass;
+  int index = 0;
+  int count = 0;
+  bool finished = false;
+  double seconds = 0;
+};
+
+/// Options of plan(). Defaults plan for one 16 GiB device of DeviceSpec{}
+/// with m-ETF on coarsened units.
+struct PlanOptions {
+  /// Logical devices, >= 1. Unset: the machine's count (1 without a machine).
+  std::optional<int> devices;
+  /// The machine. Unset: `devices` copies of DeviceSpec{} joined by LinkSpec{}.
+  /// With more devices asked for than it has, a one-device machine is
+  /// replicated (its default link joins the copies); a larger one is an
+  /// error. With fewer, its first `devices` devices are used.
+  std::optional<DeviceModel> machine;
+  /// Memory per device in bytes (> 0): empty keeps the machine's, one value
+  /// applies to every device, otherwise one value per device.
+  std::vector<int64_t> memory_bytes;
+  /// One of kPlacerNames.
+  std::string placer = "m-etf";
+  /// Run pass `coarsen` (off: one placement unit per node, grouped by layer).
+  bool coarsen = true;
+  CoarsenOptions coarsen_options;
+  CostOptions cost_options;
+  /// m-TOPO: balance memory over the devices (true) or fill each in turn.
+  bool mtopo_uniform = true;
+  /// m-SCT: the favourite-child rounding threshold and the LP time limit.
+  double msct_threshold = 0.5;
+  double msct_lp_time_limit_s = 20.0;
+  LowerOptions lower_options;
+  /// Keep every instruction's times in the report (needed for traces).
+  bool record_timeline = false;
+  /// Verify the IR after every pass (the input graph is always verified).
+  bool verify = true;
+  /// Folder for the IR after each pass, `<graph>.plan-<NN>-<pass>.txt`.
+  /// Unset: $MODELPAR_DUMP_DIR when set; empty: no dumps.
+  std::optional<std::string> dump_dir;
+  /// Called as each pass starts and ends (no pass prints).
+  std::function<void(const PassEvent&)> progress;
+  /// Instrumentation: called after each pass with the IR it left (the graph;
+  /// the program from `lower` on, else null), before the verifier runs. A
+  /// hook that changes the IR is verified as part of that pass.
+  std::function<void(std::string_view pass, ir::Graph& graph, ir::Program* program)> after_pass;
+};
+
+/// One row of the statistics table.
+struct PassStats {
+  std::string pass;           ///< the pass id
+  double seconds = 0;         ///< the pass itself
+  double verify_seconds = 0;  ///< the verifier after it
+  int64_t in = 0, out = 0;    ///< what it read and produced, in in_what / out_what
+  std::string in_what, out_what;  ///< "nodes", "units", "instructions", "devices"
+  std::string detail;         ///< the pass's own counters
+};
+
+/// What plan() returns: the Program and its report.
+struct Plan {
+  /// The lowered program: costs and devices on every node, explicit
+  /// send / recv / free per device. It verifies.
+  ir::Program program;
+  Placement placement;
+  /// The placement units (one per node without coarsening).
+  Coarsening units;
+  /// The machine planned for (memory options applied).
+  DeviceModel machine;
+  SimulationReport simulation;
+  CostStats cost;
+  MSctStats msct;  ///< filled by m-SCT only
+  /// The step on one device of the machine: the sum of node times.
+  double single_device_us = 0;
+  std::vector<PassStats> stats;
+
+  double stepTimeUs() const { return simulation.step_time_us; }
+  /// single_device_us / step time (1 for an empty step).
+  double speedup() const;
+  /// Units and nodes each device runs.
+  std::vector<int64_t> unitsPerDevice() const;
+  std::vector<int64_t> nodesPerDevice() const;
+  /// The statistics table as text, one line per pass.
+  std::string statsTable() const;
+  /// People's summary: placer, units and nodes per device, simulated step
+  /// time, speed-up over one device, peak memory per device against its
+  /// capacity, transfers, and the statistics table.
+  std::string summary() const;
+};
+
+/// Runs the pipeline on a copy of g. Throws:
+///   ConfigError naming the option and its valid values for a bad option
+///     (devices < 1, an unknown placer, memory <= 0 or a count that matches
+///     neither 1 nor the devices, a machine too small), before any pass runs;
+///   InvalidIrError for an input graph that does not verify, or naming the
+///     pass after which the IR broke an invariant;
+///   PlanDoesNotFitError from the placer, naming layer, device and bytes;
+///   InternalError if a simulated peak exceeds a capacity the placer accepted.
+Plan plan(const ir::Graph& g, const PlanOptions& options = {});
+
+/// The machine plan() would use for `options` (the option checks included).
+DeviceModel planMachine(const PlanOptions& options);
+
+/// "61.2 us", "1.23 ms", "2.10 s".
+std::string formatMicros(double us);
+
+}  // namespace modelpar::passes

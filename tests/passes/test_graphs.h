@@ -1,0 +1,109 @@
+// Graph builders and machines shared by the tests of passes/ (not a test).
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/parser.h"
+#include "passes/device_model.h"
+
+namespace modelpar::passes::testing {
+
+/// n identical devices with `memory` bytes each; links of latency_us and
+/// bandwidth in bytes per microsecond.
+inline DeviceModel machine(int n, int64_t memory = int64_t{1} << 40, double latency_us = 2.0,
+                           double bytes_per_us = 1024.0) {
+  DeviceSpec d;
+  d.memory_bytes = memory;
+  return DeviceModel::uniform(n, d, LinkSpec{latency_us, bytes_per_us * 1e6});
+}
+
+inline ir::Type f32(int64_t elems) { return ir::Type::tensor(ir::ScalarType::Float32, std::vector<int64_t>{elems}); }
+
+/// Adds a node reading `ins` (a relu for one input, a cat for more) with one
+/// output of `bytes` (a multiple of 4) and the given cost.
+inline ir::NodeId addTask(ir::Graph& g, const std::string& name, const std::vector<ir::ValueId>& ins,
+                          int64_t bytes, double time_us, const std::string& layer = "",
+                          int64_t persistent = 0, int64_t temp = 0) {
+  std::vector<ir::Arg> args;
+  std::string op;
+  if (ins.size() == 1) {
+    op = "aten::relu";
+    args.push_back(ir::Arg::value(ins[0]));
+  } else {
+    op = "aten::cat";
+    std::vector<ir::Arg> items;
+    for (ir::ValueId v : ins) items.push_back(ir::Arg::value(v));
+    args.push_back(ir::Arg::list(items));
+  }
+  ir::NodeId n = g.addNode(op, args, {{name, f32(bytes / 4)}});
+  g.node(n).cost = ir::Cost{time_us, bytes, temp, persistent};
+  g.node(n).layer = layer;
+  return n;
+}
+
+/// A random DAG of `n` tasks: node i reads 1..3 earlier nodes (or the
+/// input), each edge kept with probability `density`; times in [1, 20] us,
+/// outputs 4..max_bytes bytes. With single_source every node descends from
+/// node 0. The last node's output is returned.
+inline ir::Graph randomDag(std::mt19937& rng, int n, double density, int64_t max_bytes,
+                           bool single_source = false) {
+  ir::Graph g("random");
+  ir::ValueId x = g.addInput("x", f32(16), ir::InputRole::Input);
+  std::uniform_real_distribution<double> time(1.0, 20.0), coin(0.0, 1.0);
+  std::uniform_int_distribution<int64_t> words(1, std::max<int64_t>(1, max_bytes / 4));
+  std::vector<ir::ValueId> outs;
+  for (int i = 0; i < n; ++i) {
+    std::vector<ir::ValueId> ins;
+    for (int j = 0; j < i; ++j) {
+      if (coin(rng) < density) ins.push_back(outs[static_cast<size_t>(j)]);
+    }
+    if (ins.size() > 3) {
+      std::shuffle(ins.begin(), ins.end(), rng);
+      ins.resize(3);
+      std::sort(ins.begin(), ins.end());
+    }
+    if (ins.empty()) {
+      if (single_source && i > 0) ins.push_back(outs[std::uniform_int_distribution<size_t>(0, outs.size() - 1)(rng)]);
+      else ins.push_back(x);
+    }
+    ir::NodeId id = addTask(g, "t" + std::to_string(i), ins, 4 * words(rng), std::round(time(rng)));
+    outs.push_back(g.node(id).outputs[0]);
+  }
+  g.setOutputs({outs.back()});
+  return g;
+}
+
+/// A layered random DAG: `layers` x `width` tasks, each reading 1..3 tasks of
+/// the previous layer; times 10..100 us, outputs 4 KiB..1 MiB.
+inline ir::Graph layeredDag(uint32_t seed, int layers, int width) {
+  std::mt19937 rng(seed);
+  ir::Graph g("layered");
+  ir::ValueId x = g.addInput("x", f32(1024), ir::InputRole::Input);
+  std::uniform_real_distribution<double> time(10.0, 100.0);
+  std::uniform_int_distribution<int64_t> words(1024, 256 * 1024);
+  std::uniform_int_distribution<int> fan(1, 3), pick(0, width - 1);
+  std::vector<ir::ValueId> prev(static_cast<size_t>(width), x), cur;
+  for (int l = 0; l < layers; ++l) {
+    cur.clear();
+    for (int w = 0; w < width; ++w) {
+      std::vector<ir::ValueId> ins;
+      int k = l == 0 ? 1 : fan(rng);
+      for (int j = 0; j < k; ++j) {
+        ir::ValueId v = prev[static_cast<size_t>(pick(rng))];
+        if (std::find(ins.begin(), ins.end(), v) == ins.end()) ins.push_back(v);
+      }
+      std::string name = "n" + std::to_string(l) + "_" + std::to_string(w);
+      ir::NodeId id = addTask(g, name, ins, 4 * words(rng), std::round(time(rng)));
+      cur.push_back(g.node(id).outputs[0]);
+    }
+    prev = cur;
+  }
+  g.setOutputs(prev);
+  return g;
+}
+
+}  // namespace modelpar::passes::testing
