@@ -1,0 +1,487 @@
+"""FX → IR: turn one ATen-level FX graph from AOTAutograd (a forward,
+backward or inference graph) into the text of an ``ir::Graph``
+(ir/README.md), which ``parse_graph`` reads back.
+
+What maps to what:
+
+| FX | IR |
+|----|----|
+| placeholder (tensor / SymInt / float / bool) | graph input ``%name: f32[B, 16] param`` / ``%s0: int input``; role from AOT's input descriptors |
+| ``get_attr`` of a tensor (a constant AOT lifted) | an extra trailing input, role ``buffer``, bound by the caller on every run |
+| ``call_function`` of an ``OpOverload`` | a node calling ``schema.name`` + ``overload_name`` (``aten::add.Tensor``) |
+| ``operator.getitem`` of a multi-output op | one of that node's outputs (no node of its own) |
+| Python int arithmetic on sizes (``operator.mul``, ``torch.sym_max``, ...) | ``modelpar::sym_*`` nodes (runtime/sym_ops.h) |
+| ``meta["val"]`` | the value's dtype and shape; a symbolic size ``s0`` is a named dim, a size expression ``4*s0`` the dim ``e_4xs0`` |
+| ``nn_module_stack`` (forward), ``fwd_nn_module_stack`` / ``seq_nr`` (backward) | ``layer="blocks.0.attn"`` |
+| output | the graph's returns; ``None`` outputs are recorded in ``output_map`` (-1) |
+
+Anything else (a higher-order op, an opaque Python callable, a dtype or
+argument the IR cannot express) raises ``UnsupportedGraph`` naming it; the
+backend then runs that graph eagerly or, with ``strict``, fails.
+
+Note [Layers of backward nodes]: in torch 2.13 a node of AOTAutograd's
+backward graph has no ``nn_module_stack`` and no ``from_node``; the joint-graph
+tracer copies the forward node's stack onto it as ``fwd_nn_module_stack``
+(with ``fwd_source_fn_stack``) and gives both the same ``seq_nr``. The layer of
+a backward node is therefore read from ``fwd_nn_module_stack``, or, where
+that is missing, looked up by ``seq_nr`` in the forward graph's
+``seq_nr -> layer`` map (``ImportedGraph.layer_of_seq``). Forward ops that the
+min-cut partitioner recomputes in the backward keep ``partitioner_tag ==
+"is_forward"`` and their own ``nn_module_stack``: phase ``recompute``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import operator
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+__all__ = ["GraphKind", "InputRole", "ImportedGraph", "UnsupportedGraph", "import_graph",
+           "layer_name", "source_name"]
+
+
+class GraphKind(enum.Enum):
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    INFERENCE = "inference"
+
+
+class InputRole(enum.Enum):
+    INPUT = "input"
+    PARAM = "param"
+    BUFFER = "buffer"
+
+
+class UnsupportedGraph(Exception):
+    """The FX graph holds something the IR or the runtime cannot express.
+    ``what`` names it (``higher_order.cond``, ``opaque Python callable foo``)."""
+
+    def __init__(self, what: str, detail: str = "") -> None:
+        super().__init__(f"{what}: {detail}" if detail else what)
+        self.what = what
+
+
+@dataclass
+class ImportedGraph:
+    """The IR text of one FX graph and what running it needs besides."""
+    name: str
+    kind: GraphKind
+    text: str
+    #: For each FX output, the index of the graph output returning it, or -1 for None.
+    output_map: list[int]
+    #: Values of the trailing constant inputs (lifted tensor attributes).
+    constants: list[torch.Tensor]
+    #: seq_nr -> layer of this graph's nodes (a forward graph hands it to its backward).
+    layer_of_seq: dict[int, str] = field(default_factory=dict)
+
+
+# ---- types ---------------------------------------------------------------------
+
+_DTYPES: dict[torch.dtype, str] = {
+    torch.bool: "bool", torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16",
+    torch.int32: "i32", torch.int64: "i64", torch.float16: "f16", torch.bfloat16: "bf16",
+    torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128",
+    torch.float8_e4m3fn: "f8e4m3fn", torch.float8_e5m2: "f8e5m2",
+}
+_LAYOUTS = {torch.strided: "strided", torch.sparse_coo: "sparse_coo",
+            torch.sparse_csr: "sparse_csr", torch._mkldnn: "mkldnn"}  # type: ignore[attr-defined]
+_MEMORY_FORMATS = {torch.contiguous_format: "contiguous_format",
+                   torch.preserve_format: "preserve_format",
+                   torch.channels_last: "channels_last", torch.channels_last_3d: "channels_last_3d"}
+
+# Python operators on sizes -> modelpar::sym_* (runtime/sym_ops.h).
+_SYM_OPS: dict[Callable[..., Any], str] = {
+    operator.add: "sym_add", operator.sub: "sym_sub", operator.mul: "sym_mul",
+    operator.floordiv: "sym_floordiv", operator.mod: "sym_mod", operator.truediv: "sym_truediv",
+    operator.pow: "sym_pow", operator.neg: "sym_neg", operator.eq: "sym_eq", operator.ne: "sym_ne",
+    operator.lt: "sym_lt", operator.le: "sym_le", operator.gt: "sym_gt", operator.ge: "sym_ge",
+    operator.not_: "sym_not", torch.sym_not: "sym_not", torch.sym_max: "sym_max",
+    torch.sym_min: "sym_min", torch.sym_float: "sym_float", torch.sym_int: "sym_int",
+    math.ceil: "sym_ceil", math.floor: "sym_floor",
+}
+
+_DIM_CHARS = {"*": "x", "+": "p", "-": "m", "/": "d", " ": ""}
+
+
+def _dim(d: int | torch.SymInt) -> str:
+    """A dimension in IR syntax: `8`, `s0`, or `e_4xs0` for an expression."""
+    if isinstance(d, int):
+        return str(d)
+    expr = d.node.expr
+    if expr.is_Integer:
+        return str(int(expr))
+    text = str(expr)
+    if expr.is_Symbol:
+        return text
+    return "e_" + "".join(_DIM_CHARS.get(c, c if c.isalnum() else "_") for c in text)
+
+
+def _type(val: Any, where: str) -> str:
+    """IR type of an FX value (meta["val"])."""
+    if isinstance(val, torch.Tensor):
+        if type(val) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(val):
+            raise UnsupportedGraph(f"tensor subclass {type(val).__name__}", where)
+        if val.layout != torch.strided:
+            raise UnsupportedGraph(f"{val.layout} tensor", where)
+        dtype = _DTYPES.get(val.dtype)
+        if dtype is None:
+            raise UnsupportedGraph(f"dtype {val.dtype}", where)
+        return f"{dtype}[{', '.join(_dim(d) for d in val.shape)}]"
+    if isinstance(val, (bool, torch.SymBool)):
+        return "bool"
+    if isinstance(val, (int, torch.SymInt)):
+        return "int"
+    if isinstance(val, (float, torch.SymFloat)):
+        return "float"
+    raise UnsupportedGraph(f"value of type {type(val).__name__}", where)
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+    return isinstance(t, FakeTensor)
+
+
+def _string(s: str) -> str:
+    out = ['"']
+    for c in s:
+        if c in '"\\':
+            out.append("\\" + c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif ord(c) < 0x20 or ord(c) == 0x7F:
+            out.append(f"\\x{ord(c):02x}")
+        else:
+            out.append(c)
+    out.append('"')
+    return "".join(out)
+
+
+def _float(x: float) -> str:
+    # repr() is the shortest text that reads back to the same double, and
+    # always has a '.' or an exponent; the IR parser reads it exactly.
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return repr(float(x))
+
+
+# ---- layers --------------------------------------------------------------------
+
+_ROOT = re.compile(r"""^(?:L|G)\[['"][^'"]*['"]\]""")
+_PART = re.compile(r"""\.([A-Za-z0-9_]+)|\[['"]([^'"]*)['"]\]|\[(\d+)\]""")
+_HIDDEN_PARTS = {"_modules", "_parameters", "_buffers"}
+
+
+def layer_name(path: str) -> str:
+    """The module path of an nn_module_stack entry, as users write it:
+    ``L['self'].blocks[0]._modules['attn']`` -> ``blocks.0.attn``; the root
+    module itself -> ``""``."""
+    m = _ROOT.match(path)
+    if not m:  # older mangled form: L__self___blocks_0_attn
+        return re.sub(r"^L__self___?", "", path)
+    parts = []
+    for name, key, index in _PART.findall(path[m.end():]):
+        part = name or key or index
+        if part not in _HIDDEN_PARTS:
+            parts.append(part)
+    return ".".join(parts)
+
+
+def source_name(source: str) -> str | None:
+    """An IR value name for a Dynamo input source: ``L['self']._modules['fc1']
+    ._parameters['weight']`` -> ``fc1.weight``, ``L['x']`` -> ``x``."""
+    m = _ROOT.match(source)
+    if not m:
+        return None
+    parts = [name or key or index for name, key, index in _PART.findall(source[m.end():])
+             if (name or key or index) not in _HIDDEN_PARTS]
+    if not parts or parts[0].isdigit():  # L['x'] -> x, L['args'][0] -> args.0
+        parts.insert(0, re.sub(r"""^(?:L|G)\[['"]|['"]\]$""", "", m.group(0)))
+    name = re.sub(r"[^A-Za-z0-9_.]", "_", ".".join(parts))
+    return name or None
+
+
+def _layer_of(meta: Mapping[str, Any], key: str) -> str | None:
+    stack = meta.get(key)
+    if not stack:
+        return None
+    path = list(stack.values())[-1][0]
+    return layer_name(path)
+
+
+# ---- the importer ---------------------------------------------------------------
+
+_Ref = str | list  # an IR value name, or a list of refs (a Tensor[] result)
+
+
+@dataclass
+class _Opaque:
+    """A non-tensor attribute (a higher-order op's subgraph)."""
+    name: str
+
+
+class _Importer:
+    def __init__(self, gm: torch.fx.GraphModule, kind: GraphKind, name: str,
+                 describe: Callable[[torch.fx.Node], tuple[InputRole, str | None]],
+                 layer_of_seq: Mapping[int, str]) -> None:
+        self.gm = gm
+        self.kind = kind
+        self.name = name
+        self.describe = describe
+        self.fw_layer_of_seq = layer_of_seq
+        self.env: dict[torch.fx.Node, _Ref] = {}
+        self.taken = {n.name for n in gm.graph.nodes}
+        self.inputs: list[str] = []
+        self.const_inputs: list[str] = []
+        self.constants: list[torch.Tensor] = []
+        self.lines: list[str] = []
+        self.layer_of_seq: dict[int, str] = {}
+        self.outputs: list[str] = []
+        self.output_map: list[int] = []
+
+    def fresh(self, base: str) -> str:
+        name, i = base, 0
+        while name in self.taken:
+            i += 1
+            name = f"{base}_{i}"
+        self.taken.add(name)
+        return name
+
+    def run(self) -> ImportedGraph:
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                self.placeholder(node)
+            elif node.op == "get_attr":
+                self.get_attr(node)
+            elif node.op == "call_function":
+                self.call_function(node)
+            elif node.op == "output":
+                self.output(node)
+            else:
+                raise UnsupportedGraph(f"FX {node.op} node {node.target}", f"node {node.name}")
+        head = ", ".join(self.inputs + self.const_inputs)
+        body = "".join(f"  {line}\n" for line in self.lines)
+        ret = ", ".join(f"%{o}" for o in self.outputs)
+        text = f"graph @{self.name}({head}) {{\n{body}  return {ret}\n}}\n"
+        return ImportedGraph(self.name, self.kind, text, self.output_map, self.constants,
+                             self.layer_of_seq)
+
+    # -- node kinds --
+
+    def placeholder(self, node: torch.fx.Node) -> None:
+        val = node.meta.get("val")
+        if val is None:
+            raise UnsupportedGraph("graph input without a value", f"placeholder {node.name}")
+        role, preferred = self.describe(node)
+        if not isinstance(val, torch.Tensor):  # a size is named after its symbol: %s0: int
+            role = InputRole.INPUT
+            expr = val.node.expr if isinstance(val, torch.SymInt) else None
+            preferred = str(expr) if expr is not None and expr.is_Symbol else None
+        name = self.fresh(preferred) if preferred else node.name
+        self.inputs.append(f"%{name}: {_type(val, node.name)} {role.value}")
+        self.env[node] = name
+
+    def get_attr(self, node: torch.fx.Node) -> None:
+        obj: Any = self.gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        if not isinstance(obj, torch.Tensor):
+            # A subgraph of a higher-order op: its user says what it is.
+            self.env[node] = _Opaque(str(node.target))
+            return
+        self.const_inputs.append(f"%{node.name}: {_type(obj, node.name)} buffer")
+        self.constants.append(obj)
+        self.env[node] = node.name
+
+    def call_function(self, node: torch.fx.Node) -> None:
+        target = node.target
+        if target is operator.getitem:
+            base = self.env.get(node.args[0])  # type: ignore[arg-type]
+            if not isinstance(base, list):
+                raise UnsupportedGraph("getitem of a single value", f"node {node.name}")
+            self.env[node] = base[node.args[1]]  # type: ignore[index]
+            return
+        if isinstance(target, torch._ops.OpOverload):
+            self.op_node(node, target)
+        elif target in _SYM_OPS:
+            self.sym_node(node, _SYM_OPS[target])
+        elif isinstance(target, torch._ops.HigherOrderOperator):
+            raise UnsupportedGraph(f"higher-order op {target.name()}",
+                                   f"node {node.name} calls a subgraph; it has no ATen schema")
+        else:
+            what = getattr(target, "__qualname__", None) or repr(target)
+            module = getattr(target, "__module__", None)
+            what = f"{module}.{what}" if module and module != "builtins" else what
+            raise UnsupportedGraph(f"opaque Python callable {what}",
+                                   f"node {node.name}; it has no ATen schema")
+
+    def op_node(self, node: torch.fx.Node, op: torch._ops.OpOverload) -> None:
+        schema = op._schema
+        qualified = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        where = f"node {node.name} ({qualified})"
+        args = [self.arg(a, where) for a in node.args]
+        args += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
+        results = self.results(node, schema, where)
+        call = f"{qualified}({', '.join(args)})"
+        attrs = self.attrs(node)
+        self.lines.append(f"{results} = {call}{attrs}")
+
+    def sym_node(self, node: torch.fx.Node, name: str) -> None:
+        where = f"node {node.name} ({name})"
+        args = ", ".join(self.arg(a, where) for a in node.args)
+        if node.kwargs:
+            raise UnsupportedGraph(f"keyword arguments to {name}", where)
+        val = node.meta.get("val")
+        self.env[node] = node.name
+        self.lines.append(f"%{node.name}: {_type(val, where)} = modelpar::{name}({args})"
+                          f"{self.attrs(node)}")
+
+    def output(self, node: torch.fx.Node) -> None:
+        index: dict[str, int] = {}
+        for a in node.args[0]:
+            if a is None:
+                self.output_map.append(-1)
+                continue
+            ref = self.env.get(a) if isinstance(a, torch.fx.Node) else None
+            if not isinstance(ref, str):
+                raise UnsupportedGraph(f"graph output {a!r}", "not a single value")
+            if ref not in index:
+                index[ref] = len(self.outputs)
+                self.outputs.append(ref)
+            self.output_map.append(index[ref])
+
+    # -- pieces --
+
+    def results(self, node: torch.fx.Node, schema: torch._C.FunctionSchema, where: str) -> str:
+        """`%a: f32[4], %b: i64[4]` or `^label`; fills env[node]."""
+        returns = schema.returns
+        val = node.meta.get("val")
+        if not returns:
+            label = self.fresh(node.name)
+            self.env[node] = label
+            return f"^{label}"
+        if "val" not in node.meta:
+            raise UnsupportedGraph(f"{schema.name} without a traced value", where)
+        # getitem users name the outputs they read.
+        named: dict[int, str] = {}
+        for user in node.users:
+            if user.target is operator.getitem and isinstance(user.args[1], int):
+                named.setdefault(user.args[1], user.name)
+        decls: list[str] = []
+        fallback_dtype = self.first_tensor_dtype(node)
+
+        def decl(name: str, v: Any) -> str:
+            if v is None:  # an undefined Tensor? result (e.g. an output_mask entry off)
+                decls.append(f"%{name}: {fallback_dtype}[]")
+            else:
+                decls.append(f"%{name}: {_type(v, where)}")
+            return name
+
+        def is_list(ret: Any) -> bool:
+            return isinstance(ret.type, torch._C.ListType)
+
+        if len(returns) == 1 and not is_list(returns[0]):
+            self.env[node] = decl(node.name, val)
+        elif len(returns) == 1:  # Tensor[]: one output per element
+            self.env[node] = [decl(named.get(j) or self.fresh(f"{node.name}_{j}"), v)
+                              for j, v in enumerate(val)]
+        else:
+            refs: list[_Ref] = []
+            for i, (ret, v) in enumerate(zip(returns, val)):
+                if is_list(ret):
+                    refs.append([decl(self.fresh(f"{node.name}_{i}_{j}"), x) for j, x in enumerate(v)])
+                else:
+                    refs.append(decl(named.get(i) or self.fresh(f"{node.name}_{i}"), v))
+            self.env[node] = refs
+        return ", ".join(decls)
+
+    def first_tensor_dtype(self, node: torch.fx.Node) -> str:
+        for a in node.args:
+            v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
+            if isinstance(v, torch.Tensor) and v.dtype in _DTYPES:
+                return _DTYPES[v.dtype]
+        return "f32"
+
+    def arg(self, a: Any, where: str) -> str:
+        if isinstance(a, torch.fx.Node):
+            ref = self.env.get(a)
+            if ref is None:
+                raise UnsupportedGraph(f"use of {a.name} before its definition", where)
+            if isinstance(ref, _Opaque):
+                raise UnsupportedGraph(f"non-tensor attribute {ref.name}", where)
+            return self.ref(ref)
+        if a is None:
+            return "None"
+        if isinstance(a, bool):
+            return "true" if a else "false"
+        if isinstance(a, int):
+            return str(a)
+        if isinstance(a, float):
+            return _float(a)
+        if isinstance(a, str):
+            return _string(a)
+        if isinstance(a, (list, tuple)):
+            return "[" + ", ".join(self.arg(x, where) for x in a) + "]"
+        if isinstance(a, torch.dtype):
+            if a not in _DTYPES:
+                raise UnsupportedGraph(f"dtype {a}", where)
+            return f"dtype.{_DTYPES[a]}"
+        if isinstance(a, torch.layout):
+            if a not in _LAYOUTS:
+                raise UnsupportedGraph(f"layout {a}", where)
+            return f"layout.{_LAYOUTS[a]}"
+        if isinstance(a, torch.memory_format):
+            return f"memory_format.{_MEMORY_FORMATS[a]}"
+        if isinstance(a, torch.device):
+            return f"device({_string(str(a))})"
+        raise UnsupportedGraph(f"argument of type {type(a).__name__}", where)
+
+    def ref(self, r: _Ref) -> str:
+        return f"%{r}" if isinstance(r, str) else "[" + ", ".join(self.ref(x) for x in r) + "]"
+
+    def attrs(self, node: torch.fx.Node) -> str:
+        meta = node.meta
+        phase = "fwd"
+        layer = _layer_of(meta, "nn_module_stack")
+        if self.kind is GraphKind.BACKWARD:
+            # A forward op the min-cut partitioner recomputes in the backward
+            # keeps its tag from the joint graph (and its nn_module_stack).
+            forward_op = meta.get("partitioner_tag") == "is_forward"
+            phase = "recompute" if forward_op else "bwd"
+            if not forward_op:
+                layer = _layer_of(meta, "fwd_nn_module_stack")
+                if layer is None and meta.get("seq_nr") is not None:
+                    layer = self.fw_layer_of_seq.get(meta["seq_nr"])
+        elif layer is not None and meta.get("seq_nr") is not None:
+            self.layer_of_seq.setdefault(meta["seq_nr"], layer)
+        parts = [f"layer={_string(layer)}"] if layer else []
+        parts.append(f"phase={phase}")
+        return " {" + ", ".join(parts) + "}"
+
+
+def import_graph(gm: torch.fx.GraphModule, kind: GraphKind, name: str,
+                 describe: Callable[[torch.fx.Node], tuple[InputRole, str | None]] = (
+                     lambda n: (InputRole.INPUT, None)),
+                 layer_of_seq: Mapping[int, str] | None = None) -> ImportedGraph:
+    """Converts an ATen-level FX graph to IR text.
+
+    ``name`` becomes the graph's ``@name`` (an identifier). ``describe`` gives
+    the role of each tensor placeholder and a name for it (``fc1.weight``; None
+    keeps the FX name). ``layer_of_seq`` (backward graphs) maps a
+    forward node's ``seq_nr`` to its layer, for backward nodes whose own
+    metadata does not name the module.
+
+    Raises:
+        UnsupportedGraph: a node the IR or the runtime cannot express.
+    """
+    return _Importer(gm, kind, name, describe, layer_of_seq or {}).run()

@@ -1,0 +1,175 @@
+"""Options of ``torch.compile(model, backend="modelpar", options={...}, mode=...)``.
+
+Every key is checked before anything is traced: an unknown key or a bad
+value raises ``modelpar.ConfigError`` (a ``ValueError``) that lists the valid
+keys or values. Keys that later work will use are accepted now; until they
+work, giving them a non-default value raises ``ConfigError`` saying so, never
+silently ignored.
+
+| key | values | default | status |
+|-----|--------|---------|--------|
+| ``strict`` | bool | False | works: a graph the runtime cannot run is an error instead of running eagerly with a warning |
+| ``dump_dir`` | path or None | ``$MODELPAR_DUMP_DIR`` | works: write every captured graph's IR text there (the FX code of a graph that runs eagerly) |
+| ``partitioner`` | ``"default"``, ``"min_cut"`` | ``"default"`` | works: AOTAutograd's forward/backward split; ``min_cut`` recomputes cheap forward ops in the backward (phase ``recompute``) |
+| ``devices`` | int >= 1 | 1 | more than 1: not yet supported (issues 5, 7) |
+| ``device_map`` | None, ``"cpu"``, ``"cuda"``, or a list of device strings | None | not yet supported (issue 5) |
+| ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | not yet supported (issue 7) |
+| ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | not yet supported (issue 7) |
+| ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported (issue 6) |
+| ``cuda_graphs`` | bool | False | not yet supported (issue 5) |
+| ``trace`` | None or a path for a Chrome trace | None | not yet supported (issues 5, 7) |
+
+``mode``: ``"default"`` (or None); ``"max-autotune"`` and
+``"max-autotune-no-cudagraphs"`` are accepted and behave like the default
+(modelpar has nothing to autotune yet; a warning says so once);
+``"reduce-overhead"`` means CUDA graph replay: not yet supported (issue 5).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
+
+VALID_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_PLACERS = ("m-topo", "m-etf", "m-sct")
+_PARTITIONERS = ("default", "min_cut")
+_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """The validated options of one ``torch.compile`` call (see the module
+    docstring for each key)."""
+    strict: bool = False
+    dump_dir: str | None = None
+    partitioner: str = "default"
+    devices: int = 1
+    device_map: Any = None
+    placer: str | None = None
+    memory: int | None = None
+    pipeline: Mapping[str, Any] | None = None
+    cuda_graphs: bool = False
+    trace: str | None = None
+    mode: str = "default"
+
+    def non_default(self) -> dict[str, Any]:
+        """The options that differ from their defaults (for summaries)."""
+        default = CompileOptions()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+
+_KEYS = tuple(f.name for f in fields(CompileOptions) if f.name != "mode")
+
+
+def _bad(key: str, value: Any, valid: str) -> ConfigError:
+    return ConfigError(f"modelpar options: {key}={value!r} is not valid; {key} takes {valid}")
+
+
+def _bool(key: str, v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise _bad(key, v, "True or False")
+    return v
+
+
+def _choice(key: str, v: Any, choices: tuple[Any, ...]) -> Any:
+    if v not in choices:
+        raise _bad(key, v, "one of " + ", ".join(repr(c) for c in choices))
+    return v
+
+
+def _bytes(key: str, v: Any) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+        return v
+    m = _SIZE.match(v) if isinstance(v, str) else None
+    if not m:
+        raise _bad(key, v, 'None, a positive number of bytes, or a size such as "16GiB"')
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+
+
+def _not_yet(key: str, value: Any, issue: str) -> ConfigError:
+    return ConfigError(f"modelpar options: {key}={value!r} is not yet supported ({issue}); "
+                       f"today modelpar runs every graph on one device. Leave {key} unset.")
+
+
+def resolve_options(options: Mapping[str, Any] | None = None,
+                    mode: str | None = None) -> CompileOptions:
+    """Validates ``options`` and ``mode`` as ``torch.compile`` passes them.
+
+    Raises:
+        ConfigError: an unknown key, a bad value (the message lists the valid
+            keys or values), or an option that is not yet supported.
+    """
+    options = dict(options or {})
+    unknown = sorted(k for k in options if k not in _KEYS)
+    if unknown:
+        raise ConfigError(f"modelpar options: unknown key{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(map(repr, unknown))}; valid keys: {', '.join(_KEYS)}")
+    mode = "default" if mode is None else mode
+    _choice("mode", mode, VALID_MODES)
+
+    # 1. Types and ranges.
+    strict = _bool("strict", options.get("strict", False))
+    cuda_graphs = _bool("cuda_graphs", options.get("cuda_graphs", False))
+    dump_dir = options.get("dump_dir", os.environ.get("MODELPAR_DUMP_DIR") or None)
+    if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
+        raise _bad("dump_dir", dump_dir, "a directory path or None")
+    partitioner = _choice("partitioner", options.get("partitioner", "default"), _PARTITIONERS)
+    devices = options.get("devices", 1)
+    if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
+        raise _bad("devices", devices, "an int >= 1")
+    device_map = options.get("device_map")
+    if not (device_map is None or device_map in ("cpu", "cuda")
+            or (isinstance(device_map, (list, tuple)) and all(isinstance(d, str) for d in device_map))):
+        raise _bad("device_map", device_map, "None, 'cpu', 'cuda' or a list of device strings")
+    placer = options.get("placer")
+    if placer is not None:
+        _choice("placer", placer, _PLACERS)
+    memory = _bytes("memory", options.get("memory"))
+    pipeline = options.get("pipeline")
+    if pipeline is not None:
+        if not isinstance(pipeline, Mapping):
+            raise _bad("pipeline", pipeline, f"None or a dict with keys {', '.join(_PIPELINE_KEYS)}")
+        extra = sorted(k for k in pipeline if k not in _PIPELINE_KEYS)
+        if extra:
+            raise ConfigError(f"modelpar options: unknown pipeline key(s) {', '.join(map(repr, extra))}; "
+                              f"valid keys: {', '.join(_PIPELINE_KEYS)}")
+    trace = options.get("trace")
+    if trace is not None and not isinstance(trace, (str, os.PathLike)):
+        raise _bad("trace", trace, "a file path or None")
+
+    # 2. What is not built yet.
+    if devices > 1:
+        raise _not_yet("devices", devices, "multi-device plans: issues 5 and 7")
+    for key, value, issue in (("device_map", device_map, "issue 5"), ("placer", placer, "issue 7"),
+                              ("memory", options.get("memory"), "issue 7"),
+                              ("pipeline", pipeline, "issue 6"), ("trace", trace, "issues 5 and 7")):
+        if value is not None:
+            raise _not_yet(key, value, issue)
+    if cuda_graphs:
+        raise _not_yet("cuda_graphs", True, "issue 5")
+    if mode == "reduce-overhead":
+        raise ConfigError("modelpar: mode='reduce-overhead' (CUDA graph replay) is not yet "
+                          "supported (issue 5); use mode='default'")
+    if mode.startswith("max-autotune"):
+        warnings.warn(f"modelpar: mode={mode!r} has nothing to autotune yet; it runs as "
+                      "mode='default'", stacklevel=2)
+
+    return CompileOptions(strict=strict, dump_dir=str(dump_dir) if dump_dir else None,
+                          partitioner=partitioner, devices=devices, device_map=device_map,
+                          placer=placer, memory=memory,
+                          pipeline=dict(pipeline) if pipeline is not None else None,
+                          cuda_graphs=cuda_graphs, trace=str(trace) if trace else None, mode=mode)
