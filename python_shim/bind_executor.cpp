@@ -1,0 +1,134 @@
+// modelpar._C.Executor: the multi-device executor (runtime/executor.h) for
+// Python. Construction parses the device map and starts the workers; run()
+// converts the inputs, releases the GIL while every device works (operators
+// written in Python take it back on the worker that calls them), and
+// converts the outputs back.
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ir/program.h"
+#include "runtime/check.h"
+#include "runtime/device.h"
+#include "runtime/execution_trace.h"
+#include "runtime/executor.h"
+
+namespace py = pybind11;
+
+namespace modelpar {
+namespace {
+
+using runtime::Executor;
+
+std::vector<c10::IValue> toIValues(const py::sequence& inputs) {
+  std::vector<c10::IValue> out;
+  out.reserve(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    py::object h = inputs[i];
+    py::detail::make_caster<at::Tensor> tensor;
+    if (tensor.load(h, /*convert=*/false)) {
+      out.emplace_back(py::detail::cast_op<at::Tensor>(std::move(tensor)));
+    } else if (PyBool_Check(h.ptr())) {  // before int: bool is an int in Python
+      out.emplace_back(h.cast<bool>());
+    } else if (PyLong_Check(h.ptr())) {
+      out.emplace_back(h.cast<int64_t>());
+    } else if (PyFloat_Check(h.ptr())) {
+      out.emplace_back(h.cast<double>());
+    } else {
+      throw py::type_error(c10::str("input ", i, ": expected a torch.Tensor, int, float or bool, got ",
+                                    std::string(py::str(py::type::of(h).attr("__name__")))));
+    }
+  }
+  return out;
+}
+
+py::list toPython(const std::vector<c10::IValue>& values) {
+  py::list out;
+  for (const c10::IValue& v : values) {
+    if (v.isTensor()) {
+      out.append(py::cast(v.toTensor()));
+    } else if (v.isBool()) {
+      out.append(py::bool_(v.toBool()));
+    } else if (v.isInt()) {
+      out.append(py::int_(v.toInt()));
+    } else if (v.isDouble()) {
+      out.append(py::float_(v.toDouble()));
+    } else if (v.isNone()) {
+      out.append(py::none());
+    } else {
+      throw ExecutionError(c10::str("cannot return a ", v.tagKind(), " value to Python"));
+    }
+  }
+  return out;
+}
+
+py::list spans(const std::vector<std::vector<runtime::Span>>& by_device) {
+  py::list out;
+  for (const std::vector<runtime::Span>& device : by_device) {
+    py::list l;
+    for (const runtime::Span& s : device) {
+      l.append(s.empty() ? py::object(py::none()) : py::object(py::make_tuple(s.start_ns, s.end_ns)));
+    }
+    out.append(l);
+  }
+  return out;
+}
+
+}  // namespace
+
+void bindExecutor(py::module_& m) {
+  py::class_<Executor>(m, "Executor",
+                       "Runs a Program with one worker per logical device (runtime/executor.h).")
+      .def(py::init([](const ir::Program& p, const std::string& devices, int threads_per_device,
+                       bool record_trace, bool verify) {
+             runtime::DeviceMap map = runtime::DeviceMap::parse(devices, p.numDevices(), threads_per_device);
+             py::gil_scoped_release no_gil;
+             return std::make_unique<Executor>(
+                 p, map, runtime::ExecutorOptions{.verify = verify, .record_trace = record_trace});
+           }),
+           py::arg("program"), py::kw_only(), py::arg("devices") = "cpu-workers",
+           py::arg("threads_per_device") = 0, py::arg("record_trace") = false,
+           py::arg("verify") = true)
+      .def("run",
+           [](Executor& ex, const py::sequence& inputs) {
+             std::vector<c10::IValue> in = toIValues(inputs);
+             std::vector<c10::IValue> out;
+             {
+               py::gil_scoped_release no_gil;
+               out = ex.run(std::move(in));
+             }
+             return toPython(out);
+           },
+           py::arg("inputs"))
+      .def("chrome_trace",
+           [](const Executor& ex) { return runtime::toChromeTrace(ex.program(), ex.lastTrace()); },
+           "Chrome trace JSON of the last step (needs record_trace=True).")
+      .def("write_chrome_trace",
+           [](const Executor& ex, const std::string& path) {
+             runtime::writeChromeTrace(path, ex.program(), ex.lastTrace());
+           },
+           py::arg("path"))
+      .def("last_trace",
+           [](const Executor& ex) {
+             const runtime::ExecutionTrace& t = ex.lastTrace();
+             py::dict d;
+             d["host"] = spans(t.host);
+             d["transfer"] = spans(t.transfer);
+             d["step_ns"] = t.step_ns;
+             return d;
+           },
+           "Measured (start_ns, end_ns) per device and instruction of the last step; None "
+           "where an instruction did not run. Empty lists unless record_trace=True.")
+      .def_property_readonly("device_map", [](const Executor& ex) { return ex.deviceMap().toString(); })
+      .def_property_readonly("num_devices", [](const Executor& ex) { return ex.program().numDevices(); })
+      .def_property_readonly("program", [](const Executor& ex) { return ex.program(); },
+                             "A copy of the program it runs.");
+  m.def("cuda_devices_built", &runtime::cudaDevicesBuilt,
+        "Whether this build has the executor's CUDA devices.");
+  m.def("cuda_device_count", &runtime::cudaDeviceCount);
+}
+
+}  // namespace modelpar

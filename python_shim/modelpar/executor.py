@@ -1,0 +1,122 @@
+"""The multi-device executor: runs a Program with one worker per logical
+device, bound to CPU workers (what CI runs), to GPUs, or to one GPU hosting
+several logical devices. See runtime/executor.h for the stream protocol."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Optional, Union
+
+from . import _C
+from ._C import Program
+from .interpreter import RuntimeValue
+
+__all__ = ["Executor", "cuda_devices_built"]
+
+Span = Optional[tuple[int, int]]
+
+
+def cuda_devices_built() -> bool:
+    """Whether this build of modelpar has the executor's CUDA devices."""
+    return bool(_C.cuda_devices_built())
+
+
+class Executor:
+    """Runs ``program`` over logical devices; the operators are resolved and
+    the workers started once, here, and reused by every :meth:`run`.
+
+    Args:
+        program: the Program (one instruction list per logical device).
+        devices: ``"cpu-workers"`` (one CPU worker thread per logical device),
+            ``"cuda"`` (logical device i on ``cuda:i``), ``"cuda:K"`` (all on
+            GPU K, each with its own streams), or one device per logical
+            device (``["cuda:0", "cuda:1"]`` or ``"cuda:0,cuda:1"``).
+        threads_per_device: intra-op threads of each CPU worker; 0 divides
+            ``torch.get_num_threads()`` among the workers.
+        record_trace: record per-instruction start/end times of every step
+            (see :meth:`last_trace` and :meth:`write_chrome_trace`).
+        verify: verify the program first (off only to test run-time checks).
+
+    Raises:
+        InvalidIrError: the program fails verification, or a node's arguments
+            do not fit its operator's schema.
+        UnsupportedOpError: a node calls an operator the dispatcher lacks.
+        ConfigError: a bad device map (wrong length, an unknown device, CUDA
+            in a build without CUDA, a GPU index out of range).
+
+    Example::
+
+        ex = modelpar.Executor(program, devices="cpu-workers", threads_per_device=1)
+        loss, w1, w2 = ex.run([x, y, w1, w2])
+    """
+
+    def __init__(
+        self,
+        program: Program,
+        devices: Union[str, Sequence[str]] = "cpu-workers",
+        *,
+        threads_per_device: int = 0,
+        record_trace: bool = False,
+        verify: bool = True,
+    ) -> None:
+        spec = devices if isinstance(devices, str) else ",".join(str(d) for d in devices)
+        self._ex = _C.Executor(
+            program,
+            devices=spec,
+            threads_per_device=threads_per_device,
+            record_trace=record_trace,
+            verify=verify,
+        )
+
+    def run(self, inputs: Sequence[RuntimeValue]) -> list[RuntimeValue]:
+        """Runs one step on ``inputs`` (one per graph input, in order; each is
+        moved to the device its ``device`` attribute names) and returns one
+        value per graph output. The GIL is released while the devices work.
+
+        Raises:
+            ExecutionError: a bad input, a run-time deadlock, or a failing
+                instruction: the first failure on any device stops them all
+                and the message starts ``device D, instruction I (...)``.
+            TypeError: an input is not a tensor, int, float or bool.
+        """
+        return self._ex.run(list(inputs))
+
+    __call__ = run
+
+    def last_trace(self) -> dict:
+        """``{"host": [[(start_ns, end_ns) | None, ...] per device], "transfer":
+        [...], "step_ns": int}`` for the last step: ``host`` is what each
+        worker did per instruction, ``transfer`` the copy of each send."""
+        return self._ex.last_trace()
+
+    def chrome_trace(self) -> str:
+        """Chrome / Perfetto trace JSON of the last step.
+
+        Raises:
+            ConfigError: the executor was built without ``record_trace``.
+        """
+        return self._ex.chrome_trace()
+
+    def write_chrome_trace(self, path: Union[str, os.PathLike]) -> None:
+        """Writes :meth:`chrome_trace` to ``path``.
+
+        Raises:
+            ConfigError: nothing recorded, or the file cannot be written.
+        """
+        self._ex.write_chrome_trace(os.fspath(path))
+
+    @property
+    def device_map(self) -> str:
+        return self._ex.device_map
+
+    @property
+    def num_devices(self) -> int:
+        return self._ex.num_devices
+
+    @property
+    def program(self) -> Program:
+        return self._ex.program
+
+    def __repr__(self) -> str:
+        return f"<modelpar.Executor {self.num_devices} devices on {self.device_map}>"

@@ -1,0 +1,262 @@
+// CPU worker devices (device.h): how CI runs multi-device plans. Each logical
+// device is the worker thread the executor gives it; its transmit streams are
+// threads of their own, and events are (stream, ticket) pairs.
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+
+#include "runtime/check.h"
+#include "runtime/device.h"
+
+// Note [CPU streams]
+// ~~~~~~~~~~~~~~~~~~
+// A CPU stream counts the work items it has been given (`issued`) and the
+// ones that have finished (`completed`); an event is a stream plus the value
+// of `issued` when it was recorded, and it has happened once `completed`
+// reaches it. Two kinds of stream:
+//
+//   compute  inline: enqueue() runs the work at once on the calling thread,
+//            the device's worker, so issued == completed whenever that thread
+//            looks, and an event recorded on it has already happened. A
+//            block() onto it waits right there, on the worker.
+//   tx->p    asynchronous: a FIFO of closures served by a thread of its own.
+//            block() onto it enqueues a closure that waits for the event, so
+//            the worker goes on issuing while the stream waits.
+//
+// Cancel sets the device's flag and wakes every wait (they throw Cancelled);
+// queued closures are then dropped but still counted, so reset() can wait for
+// `completed == issued` and re-arm. This is torchgpipe's "CPU stream" idea
+// made asynchronous, so the CPU build exercises the same event edges a GPU
+// needs (seed 002 §3.2.3, seed 000 §1.3.3).
+
+namespace modelpar::runtime {
+namespace {
+
+class CpuStream final : public Stream {
+ public:
+  CpuStream(std::string name, bool async, const std::atomic<bool>* cancelled)
+      : Stream(std::move(name)), async_(async), cancelled_(cancelled) {
+    if (async_) thread_ = std::thread([this] { loop(); });
+  }
+  ~CpuStream() override {
+    if (!async_) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  bool async() const { return async_; }
+  c10::Stream native() const override {
+    return c10::Stream(c10::Stream::DEFAULT, c10::Device(c10::kCPU));
+  }
+
+  void enqueue(std::function<void()> fn) {
+    if (!async_) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++issued_;
+      }
+      struct Done {  // counts the item as finished even when fn throws
+        CpuStream* s;
+        ~Done() {
+          std::lock_guard<std::mutex> lock(s->mu_);
+          ++s->completed_;
+        }
+      } done{this};
+      fn();
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(fn));
+      ++issued_;
+    }
+    cv_.notify_all();
+  }
+
+  uint64_t issued() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return issued_;
+  }
+
+  bool reached(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return completed_ >= ticket && !fault_;
+  }
+
+  /// Waits until `ticket` items have finished. Throws Cancelled, or the
+  /// exception a closure of this stream threw.
+  void waitFor(uint64_t ticket) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return completed_ >= ticket || cancelled_->load(); });
+    if (cancelled_->load()) throw Cancelled();
+    if (fault_) std::rethrow_exception(fault_);
+  }
+
+  /// Waits until every issued item has finished or been dropped, ignoring
+  /// cancellation, and forgets a kept exception.
+  void drain() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return completed_ == issued_; });
+    fault_ = nullptr;
+  }
+
+  void wake() {
+    std::lock_guard<std::mutex> lock(mu_);  // no lost wake-up: waiters hold mu_ to test the flag
+    cv_.notify_all();
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> fn;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        fn = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      if (!cancelled_->load()) {
+        try {
+          fn();
+        } catch (const Cancelled&) {
+        } catch (...) {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (!fault_) fault_ = std::current_exception();
+        }
+      }
+      fn = nullptr;  // drop what the closure holds before counting it done
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++completed_;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  const bool async_;
+  const std::atomic<bool>* cancelled_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  uint64_t issued_ = 0;
+  uint64_t completed_ = 0;
+  std::exception_ptr fault_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+CpuStream& cpu(Stream& s) { return static_cast<CpuStream&>(s); }
+
+class CpuEvent final : public Event {
+ public:
+  void record(Stream& s) override {
+    stream_ = &cpu(s);
+    ticket_ = stream_->issued();
+  }
+  void block(Stream& s) override {
+    if (stream_ == nullptr || stream_ == &s || stream_->reached(ticket_)) return;
+    CpuStream& waiter = cpu(s);
+    if (!waiter.async()) {
+      stream_->waitFor(ticket_);  // the caller is the waiter's worker
+      return;
+    }
+    waiter.enqueue([src = stream_, t = ticket_] { src->waitFor(t); });
+  }
+  void synchronize() override {
+    if (stream_ != nullptr) stream_->waitFor(ticket_);
+  }
+
+ private:
+  CpuStream* stream_ = nullptr;
+  uint64_t ticket_ = 0;
+};
+
+class CpuWorkerDevice final : public Device {
+ public:
+  CpuWorkerDevice(int index, int threads)
+      : Device(DeviceKind::CpuWorker, index, c10::Device(c10::kCPU)),
+        threads_(threads),
+        compute_("compute", /*async=*/false, &cancelled_) {}
+
+  Stream& compute() override { return compute_; }
+  Stream& tx(int peer) override {
+    auto it = tx_.find(peer);
+    MP_RT_CHECK(it != tx_.end(), InternalError, "modelpar internal error: ", describe(),
+                " has no stream to device ", peer, " (connectTo was not called)");
+    return *it->second;
+  }
+  void connectTo(Device& peer) override {
+    MP_RT_CHECK(peer.kind() == DeviceKind::CpuWorker, InternalError,
+                "modelpar internal error: connecting a CPU worker to ", peer.describe());
+    std::unique_ptr<CpuStream>& s = tx_[peer.index()];
+    if (!s) s = std::make_unique<CpuStream>(c10::str("tx->", peer.index()), /*async=*/true, &cancelled_);
+  }
+  std::unique_ptr<Event> newEvent() override { return std::make_unique<CpuEvent>(); }
+
+  void enqueue(Stream& s, std::function<void()> fn) override { cpu(s).enqueue(std::move(fn)); }
+
+  c10::IValue place(const c10::IValue& v) override {
+    if (v.isTensor() && v.toTensor().defined() && !v.toTensor().device().is_cpu()) {
+      return v.toTensor().to(c10::Device(c10::kCPU));
+    }
+    return v;
+  }
+  c10::IValue copyTo(const c10::IValue& v, Device&) override {
+    if (v.isTensor() && v.toTensor().defined()) return v.toTensor().clone();
+    return v;
+  }
+  void recordStream(const c10::IValue&, Stream&) override {}
+
+  void enterWorker() override {
+    // Let ATen initialise this thread's OpenMP settings first (its lazy init
+    // would otherwise overwrite ours on the first parallel op), then set ours.
+    (void)at::get_num_threads();
+    at::set_num_threads(threads_);
+  }
+  void acceptFromCaller() override {}
+  void handToCaller(const c10::IValue&) override {}
+  void synchronize() override {
+    for (auto& [peer, s] : tx_) s->waitFor(s->issued());
+  }
+
+  void cancel() override {
+    cancelled_.store(true);
+    compute_.wake();
+    for (auto& [peer, s] : tx_) s->wake();
+  }
+  void reset() override {
+    for (auto& [peer, s] : tx_) s->drain();
+    compute_.drain();
+    cancelled_.store(false);
+  }
+
+ private:
+  int threads_;
+  std::atomic<bool> cancelled_{false};
+  CpuStream compute_;
+  std::map<int, std::unique_ptr<CpuStream>> tx_;
+};
+
+}  // namespace
+
+std::vector<std::unique_ptr<Device>> createCpuWorkerDevices(const DeviceMap& map) {
+  const int n = static_cast<int>(map.devices.size());
+  const int threads = map.threads_per_device > 0 ? map.threads_per_device
+                                                 : std::max(1, at::get_num_threads() / n);
+  std::vector<std::unique_ptr<Device>> out;
+  for (int i = 0; i < n; ++i) out.push_back(std::make_unique<CpuWorkerDevice>(i, threads));
+  return out;
+}
+
+}  // namespace modelpar::runtime

@@ -1,0 +1,154 @@
+"""modelpar.Executor on CPU workers: the reference interpreter's results,
+errors raised with device and instruction (also when a peer is blocked in a
+receive), traces, device maps."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import time
+
+import pytest
+import torch
+
+import modelpar
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+MLP = ROOT / "examples" / "ir" / "mlp_pipeline_2dev.txt"
+
+# Python-defined operators: the workers call them with the GIL released by run().
+_lib = torch.library.Library("mp_pytest", "DEF")
+_lib.define("fail_after(Tensor x, float seconds) -> Tensor")
+_lib.define("sleep(Tensor x, float seconds) -> Tensor")
+
+
+def _fail_after(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    time.sleep(seconds)
+    raise RuntimeError("injected failure from Python")
+
+
+def _sleep(x: torch.Tensor, seconds: float) -> torch.Tensor:
+    time.sleep(seconds)
+    return x.clone()
+
+
+_lib.impl("fail_after", _fail_after, "CPU")
+_lib.impl("sleep", _sleep, "CPU")
+
+
+@pytest.fixture(autouse=True)
+def _seed() -> None:
+    torch.manual_seed(0)
+
+
+def mlp_inputs() -> list[torch.Tensor]:
+    return [torch.randn(8, 16), torch.randn(8, 4), torch.randn(16, 32), torch.randn(32, 4)]
+
+
+def test_mlp_pipeline_on_two_workers_equals_reference_interpreter():
+    program = modelpar.load_program(MLP)
+    inputs = mlp_inputs()
+    want = modelpar.run_program(program, inputs)
+    ex = modelpar.Executor(program, devices="cpu-workers", threads_per_device=1)
+    for _ in range(3):
+        got = ex.run(inputs)
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w)
+    assert ex.num_devices == 2
+    assert ex.device_map == "2 cpu-workers x 1 threads"
+    assert "2 devices" in repr(ex)
+
+
+def test_failing_op_names_device_and_instruction_and_wakes_blocked_peer():
+    program = modelpar.parse_program(
+        """
+        program devices=2
+        graph @g(%x: f32[4] input {device=0}) {
+          %a: f32[4] = mp_pytest::fail_after(%x, 0.1) {device=0}
+          %b: f32[4] = aten::relu(%a) {device=1}
+          return %b
+        }
+        device 0 {
+          run %a
+          send %a -> 1
+        }
+        device 1 {
+          recv %a <- 0
+          run %b
+        }""")
+    ex = modelpar.Executor(program)
+    with pytest.raises(modelpar.ExecutionError, match=r"device 0, instruction 0 \(run %a, mp_pytest::fail_after\)"):
+        ex.run([torch.randn(4)])
+    with pytest.raises(modelpar.ExecutionError, match="injected failure from Python"):
+        ex.run([torch.randn(4)])
+
+
+def test_python_ops_on_different_workers_overlap():
+    program = modelpar.parse_program(
+        """
+        program devices=2
+        graph @g(%x: f32[4] input {device=0}, %y: f32[4] input {device=1}) {
+          %a: f32[4] = mp_pytest::sleep(%x, 0.2) {device=0}
+          %b: f32[4] = mp_pytest::sleep(%y, 0.2) {device=1}
+          return %a, %b
+        }
+        device 0 { run %a }
+        device 1 { run %b }""")
+    ex = modelpar.Executor(program, record_trace=True)
+    x, y = torch.randn(4), torch.randn(4)
+    a, b = ex.run([x, y])
+    assert torch.equal(a, x) and torch.equal(b, y)
+    (sa, ea), (sb, eb) = ex.last_trace()["host"][0][0], ex.last_trace()["host"][1][0]
+    assert sa < eb and sb < ea
+
+
+def test_chrome_trace_of_a_step(tmp_path):
+    program = modelpar.load_program(MLP)
+    ex = modelpar.Executor(program, record_trace=True, threads_per_device=1)
+    ex.run(mlp_inputs())
+    trace = json.loads(ex.chrome_trace())
+    names = {e["name"] for e in trace["traceEvents"]}
+    assert "send %a_0 -> 1" in names and "recv %a_0 <- 0" in names and "aten::mm" in names
+    path = tmp_path / "step.json"
+    ex.write_chrome_trace(path)
+    assert json.loads(path.read_text()) == trace
+    spans = ex.last_trace()
+    assert len(spans["host"]) == 2 and spans["step_ns"] > 0
+
+
+def test_trace_needs_record_trace():
+    ex = modelpar.Executor(modelpar.load_program(MLP))
+    ex.run(mlp_inputs())
+    with pytest.raises(modelpar.ConfigError, match="record_trace"):
+        ex.chrome_trace()
+
+
+def test_device_maps_are_checked():
+    program = modelpar.load_program(MLP)
+    with pytest.raises(modelpar.ConfigError, match="names 3 devices but the program has 2"):
+        modelpar.Executor(program, devices=["cpu", "cpu", "cpu"])
+    with pytest.raises(modelpar.ConfigError, match="is not a device"):
+        modelpar.Executor(program, devices="gpu")
+    if not modelpar.cuda_devices_built():
+        with pytest.raises(modelpar.ConfigError, match="no CUDA support"):
+            modelpar.Executor(program, devices="cuda:0")
+
+
+def test_bad_inputs_are_rejected():
+    ex = modelpar.Executor(modelpar.load_program(MLP))
+    with pytest.raises(TypeError, match="input 1"):
+        ex.run([torch.randn(8, 16), "y", torch.randn(16, 32), torch.randn(32, 4)])
+    with pytest.raises(modelpar.ExecutionError, match="f32"):
+        ex.run([torch.randn(9, 16), torch.randn(8, 4), torch.randn(16, 32), torch.randn(32, 4)])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not modelpar.cuda_devices_built(),
+                    reason="needs a GPU and a CUDA build")
+def test_one_gpu_hosting_two_logical_devices():
+    program = modelpar.load_program(MLP)
+    inputs = [t.cuda() for t in mlp_inputs()]
+    want = modelpar.run_program(program, inputs)
+    got = modelpar.Executor(program, devices="cuda:0").run(inputs)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)

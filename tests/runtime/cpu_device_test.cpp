@@ -1,0 +1,118 @@
+// CPU worker devices: transmit streams run their work in order on their own
+// thread, events order work across streams and with the worker, and cancel()
+// wakes every wait.
+#include "runtime/device.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+
+namespace modelpar::runtime {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pair {
+  std::vector<std::unique_ptr<Device>> devs = createDevices(DeviceMap::cpuWorkers(2, 1));
+  Device& a = *devs[0];
+  Device& b = *devs[1];
+  Pair() { a.connectTo(b); }
+};
+
+TEST(CpuDevice, TransmitStreamRunsWorkInOrderOffTheCallingThread) {
+  Pair p;
+  std::mutex mu;
+  std::vector<int> order;
+  const auto caller = std::this_thread::get_id();
+  std::atomic<bool> elsewhere{true};
+  for (int k = 0; k < 5; ++k) {
+    p.a.enqueue(p.a.tx(1), [&, k] {
+      if (std::this_thread::get_id() == caller) elsewhere = false;
+      std::this_thread::sleep_for(1ms);
+      std::lock_guard<std::mutex> lock(mu);
+      order.push_back(k);
+    });
+  }
+  p.a.synchronize();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2, 3, 4}));
+  EXPECT_TRUE(elsewhere);
+}
+
+// tx:      [sleep 50 ms; flag = 1] (done recorded)
+// compute:                         done.block -> reads flag
+TEST(CpuDevice, ComputeWaitsForAnEventRecordedOnTransmitStream) {
+  Pair p;
+  std::atomic<int> flag{0};
+  p.a.enqueue(p.a.tx(1), [&] {
+    std::this_thread::sleep_for(50ms);
+    flag = 1;
+  });
+  std::unique_ptr<Event> done = p.a.newEvent();
+  done->record(p.a.tx(1));
+  done->block(p.b.compute());  // blocks this thread: it plays b's worker
+  EXPECT_EQ(flag.load(), 1);
+}
+
+// An event blocked onto a transmit stream delays that stream's later work,
+// not the thread that issued the block.
+TEST(CpuDevice, BlockOntoTransmitStreamDoesNotBlockTheIssuer) {
+  std::vector<std::unique_ptr<Device>> devs = createDevices(DeviceMap::cpuWorkers(3, 1));
+  devs[0]->connectTo(*devs[2]);
+  devs[1]->connectTo(*devs[2]);
+  std::atomic<int> step{0};
+  devs[1]->enqueue(devs[1]->tx(2), [&] {
+    std::this_thread::sleep_for(50ms);
+    step = 1;
+  });
+  std::unique_ptr<Event> e = devs[1]->newEvent();
+  e->record(devs[1]->tx(2));
+  const auto t0 = std::chrono::steady_clock::now();
+  e->block(devs[0]->tx(2));
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 40ms);
+  int seen = -1;
+  devs[0]->enqueue(devs[0]->tx(2), [&] { seen = step.load(); });
+  devs[0]->synchronize();
+  EXPECT_EQ(seen, 1);
+}
+
+TEST(CpuDevice, CancelWakesAWaitAndResetRearms) {
+  Pair p;
+  std::atomic<bool> release{false};
+  p.a.enqueue(p.a.tx(1), [&] {
+    while (!release) std::this_thread::sleep_for(1ms);
+  });
+  std::unique_ptr<Event> e = p.a.newEvent();
+  e->record(p.a.tx(1));
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(20ms);
+    p.a.cancel();
+  });
+  EXPECT_THROW(e->synchronize(), Cancelled);
+  canceller.join();
+  release = true;
+  p.a.reset();
+  int ran = 0;
+  p.a.enqueue(p.a.tx(1), [&] { ran = 1; });
+  p.a.synchronize();
+  EXPECT_EQ(ran, 1);
+}
+
+TEST(CpuDevice, CopyToGivesTheReceiverItsOwnTensor) {
+  Pair p;
+  at::Tensor x = at::randn({8});
+  c10::IValue y = p.a.copyTo(x, p.b);
+  EXPECT_TRUE(at::equal(y.toTensor(), x));
+  EXPECT_NE(y.toTensor().data_ptr(), x.data_ptr());
+  EXPECT_EQ(p.a.copyTo(c10::IValue(int64_t{3}), p.b).toInt(), 3);
+}
+
+}  // namespace
+}  // namespace modelpar::runtime

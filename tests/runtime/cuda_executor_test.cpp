@@ -1,0 +1,203 @@
+// CUDA devices and the Executor on GPUs: dedicated streams, event ordering
+// between compute and transmit streams, recordStream, and multi-device plans
+// on one GPU (logical devices sharing it) and on several. Every test skips
+// without CUDA support or without a GPU; scripts/check_cuda_build.sh keeps
+// this file compiling against the CUDA wheel.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "runtime/device.h"
+#include "runtime/executor.h"
+
+#ifdef MODELPAR_WITH_CUDA
+#include <ATen/core/Tensor.h>
+#include <ATen/cuda/Sleep.h>
+#include <ATen/ops/allclose.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "ir/parser.h"
+#include "runtime/program_interpreter.h"
+#endif
+
+namespace modelpar::runtime {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                                        \
+  do {                                                                            \
+    if (!cudaDevicesBuilt()) GTEST_SKIP() << "built without CUDA devices";        \
+    if (cudaDeviceCount() == 0) GTEST_SKIP() << "no GPU visible";                 \
+  } while (false)
+
+#ifdef MODELPAR_WITH_CUDA
+
+constexpr int64_t kLongSpin = 200'000'000;  // cycles: ~0.1 s on a ~2 GHz GPU
+
+c10::cuda::CUDAStream cudaOf(const Stream& s) { return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s.native()); }
+
+std::string readFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+at::TensorOptions gpu() { return at::TensorOptions().device(c10::Device("cuda:0")); }
+
+struct TwoOnOneGpu {
+  std::vector<std::unique_ptr<Device>> devs = createDevices(DeviceMap::parse("cuda:0", 2));
+  Device& a = *devs[0];
+  Device& b = *devs[1];
+  TwoOnOneGpu() {
+    a.connectTo(b);
+    b.connectTo(a);
+  }
+};
+
+TEST(CudaDevice, StreamsAreDedicatedNotFromThePool) {
+  SKIP_WITHOUT_GPU();
+  TwoOnOneGpu p;
+  std::vector<c10::Stream> ours = {p.a.compute().native(), p.b.compute().native(),
+                                   p.a.tx(1).native(), p.b.tx(0).native()};
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_NE(ours[i], c10::cuda::getDefaultCUDAStream(0).unwrap());
+    for (size_t j = 0; j < i; ++j) EXPECT_NE(ours[i], ours[j]);
+  }
+  for (int k = 0; k < 64; ++k) {  // more than the pool holds, both priorities
+    const c10::Stream pooled = c10::cuda::getStreamFromPool(k % 2 == 0, 0).unwrap();
+    for (const c10::Stream& s : ours) EXPECT_NE(pooled, s);
+  }
+}
+
+// compute: [spin][x.fill_(1)] ready.record
+// tx:                          ready.block [y = x.clone()] done.record
+TEST(CudaDevice, TransmitStreamWaitsForComputeThroughAnEvent) {
+  SKIP_WITHOUT_GPU();
+  TwoOnOneGpu p;
+  c10::cuda::CUDAStreamGuard on_compute(cudaOf(p.a.compute()));
+  at::Tensor x = at::zeros({1 << 20}, gpu());
+  at::cuda::sleep(kLongSpin);
+  x.fill_(1);
+  std::unique_ptr<Event> ready = p.a.newEvent(), done = p.a.newEvent();
+  ready->record(p.a.compute());
+  ready->block(p.a.tx(1));
+  at::Tensor y;
+  p.a.enqueue(p.a.tx(1), [&] { y = x.clone(); });
+  done->record(p.a.tx(1));
+  done->synchronize();
+  EXPECT_EQ(y.sum().item<float>(), static_cast<float>(1 << 20));
+}
+
+// A block used on the tx stream and freed must not be handed out again on
+// the compute stream while the tx stream still works on it.
+TEST(CudaDevice, RecordStreamKeepsFreedMemoryFromReuseWhileInFlight) {
+  SKIP_WITHOUT_GPU();
+  TwoOnOneGpu p;
+  c10::cuda::CUDAStreamGuard on_compute(cudaOf(p.a.compute()));
+  auto usedOnTxThenFreed = [&](bool record) {
+    at::Tensor t = at::empty({1 << 20}, gpu());
+    void* ptr = t.data_ptr();
+    p.a.enqueue(p.a.tx(1), [&] {
+      at::cuda::sleep(kLongSpin);
+      t.add_(1);
+    });
+    if (record) p.a.recordStream(t, p.a.tx(1));
+    t.reset();
+    at::Tensor t2 = at::empty({1 << 20}, gpu());
+    const bool reused = t2.data_ptr() == ptr;
+    p.a.synchronize();
+    return reused;
+  };
+  EXPECT_FALSE(usedOnTxThenFreed(/*record=*/true));
+  EXPECT_TRUE(usedOnTxThenFreed(/*record=*/false)) << "control: the allocator would reuse it";
+}
+
+TEST(CudaExecutor, MlpPipelineOnOneGpuHostingTwoLogicalDevices) {
+  SKIP_WITHOUT_GPU();
+  ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
+  std::vector<c10::IValue> in = {at::randn({8, 16}, gpu()), at::randn({8, 4}, gpu()),
+                                 at::randn({16, 32}, gpu()), at::randn({32, 4}, gpu())};
+  std::vector<c10::IValue> want = ProgramInterpreter(p).run(in);
+  Executor ex(p, DeviceMap::parse("cuda:0", 2), ExecutorOptions{.record_trace = true});
+  for (int k = 0; k < 5; ++k) {
+    std::vector<c10::IValue> out = ex.run(in);
+    ASSERT_EQ(out.size(), want.size());
+    for (size_t i = 0; i < out.size(); ++i) {
+      EXPECT_TRUE(out[i].toTensor().is_cuda());
+      EXPECT_TRUE(at::allclose(out[i].toTensor(), want[i].toTensor(), 1e-5, 1e-6)) << i;
+    }
+  }
+  EXPECT_FALSE(ex.lastTrace().empty());
+}
+
+TEST(CudaExecutor, CpuInputsAreMovedToTheirLogicalDevice) {
+  SKIP_WITHOUT_GPU();
+  ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
+  std::vector<c10::IValue> in = {at::randn({8, 16}), at::randn({8, 4}), at::randn({16, 32}),
+                                 at::randn({32, 4})};
+  std::vector<c10::IValue> want = ProgramInterpreter(p).run(in);
+  Executor ex(p, DeviceMap::parse("cuda:0", 2));
+  std::vector<c10::IValue> out = ex.run(in);
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE(at::allclose(out[i].toTensor().cpu(), want[i].toTensor(), 1e-4, 1e-5)) << i;
+  }
+}
+
+TEST(CudaExecutor, TwoGpus) {
+  SKIP_WITHOUT_GPU();
+  if (cudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
+  ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
+  std::vector<c10::IValue> in = {at::randn({8, 16}), at::randn({8, 4}), at::randn({16, 32}),
+                                 at::randn({32, 4})};
+  std::vector<c10::IValue> want = ProgramInterpreter(p).run(in);
+  Executor ex(p, DeviceMap::parse("cuda", 2));
+  std::vector<c10::IValue> out = ex.run(in);
+  for (size_t i = 0; i < out.size(); ++i) {
+    EXPECT_TRUE(at::allclose(out[i].toTensor().cpu(), want[i].toTensor(), 1e-4, 1e-5)) << i;
+  }
+}
+
+TEST(CudaExecutor, FailingOpIsReportedWithDeviceAndInstruction) {
+  SKIP_WITHOUT_GPU();
+  // aten::mm of mismatched shapes fails inside the CUDA kernel's checks.
+  ir::Program p = ir::parseProgram(R"(
+    program devices=2
+    graph @g(%x: f32[4, 8] input {device=0}, %w: f32[4, 8] input {device=1}) {
+      %h: f32[4, 8] = aten::relu(%x) {device=0}
+      %y: f32[4, 8] = aten::mm(%h, %w) {device=1}
+      return %y
+    }
+    device 0 {
+      run %h
+      send %h -> 1
+    }
+    device 1 {
+      recv %h <- 0
+      run %y
+    }
+  )");
+  Executor ex(p, DeviceMap::parse("cuda:0", 2));
+  try {
+    ex.run({at::randn({4, 8}, gpu()), at::randn({4, 8}, gpu())});
+    ADD_FAILURE() << "did not throw";
+  } catch (const InstructionError& e) {
+    EXPECT_EQ(e.device(), 1);
+    EXPECT_EQ(e.instruction(), 1u);
+  }
+}
+
+#else  // !MODELPAR_WITH_CUDA
+
+TEST(CudaDevice, SkippedWithoutCuda) { SKIP_WITHOUT_GPU(); }
+
+#endif
+
+}  // namespace
+}  // namespace modelpar::runtime
