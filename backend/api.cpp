@@ -1,0 +1,51 @@
+// The C++ API of include/modelpar/modelpar.h, over the capture session.
+#include "modelpar/modelpar.h"
+
+#include "backend/session.h"
+
+namespace modelpar {
+namespace {
+backend::Session& session() { return backend::Session::get(); }
+}  // namespace
+
+c10::Device device() { return c10::Device(c10::DeviceType::PrivateUse1, 0); }
+
+void sync() { session().sync(); }
+
+Options options() {
+  const backend::SessionOptions o = session().options();
+  return Options{o.strict, o.warn_on_graph_break, o.cache};
+}
+
+void setOptions(const Options& o) {
+  session().setOptions(backend::SessionOptions{o.strict, o.warn_on_graph_break, o.cache});
+}
+
+Counters counters() {
+  const backend::SessionCounters c = session().counters();
+  return Counters{c.captures, c.replays, c.syncs, c.graph_breaks, c.ops_recorded};
+}
+
+void resetCounters() { session().resetCounters(); }
+
+std::vector<PlanInfo> plans() {
+  std::vector<PlanInfo> out;
+  for (auto& [text, runs] : session().plans()) out.push_back(PlanInfo{std::move(text), runs});
+  return out;
+}
+
+void clearPlans() { session().clearPlans(); }
+
+std::string lastGraph() { return session().lastGraph(); }
+
+void nameTensor(const at::Tensor& t, const std::string& name, TensorRole role) {
+  const ir::InputRole r = role == TensorRole::Parameter ? ir::InputRole::Parameter
+                          : role == TensorRole::Buffer  ? ir::InputRole::Buffer
+                                                        : ir::InputRole::Input;
+  session().nameTensor(t, name, r);
+}
+
+Scope::Scope(const std::string& name) { session().pushScope(name, /*absolute=*/false); }
+Scope::~Scope() { session().popScope(); }
+
+}  // namespace modelpar

@@ -1,0 +1,77 @@
+// The modelpar device: PrivateUse1 renamed "modelpar", with one logical
+// device (index 0), its allocator, guard and hooks. Everything registers when
+// the library loads.
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/detail/PrivateUse1HooksInterface.h>
+#include <c10/core/DeviceType.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/util/Exception.h>
+
+#include "backend/storage.h"
+
+namespace modelpar::backend {
+namespace {
+
+constexpr c10::DeviceType kType = c10::DeviceType::PrivateUse1;
+
+void checkIndex(c10::DeviceIndex i) {
+  TORCH_CHECK(i == -1 || i == 0, "modelpar: there is one modelpar device (modelpar:0); got index ", i);
+}
+
+/// One device, one stream, no events to wait for: the capture is synchronous.
+struct GuardImpl final : c10::impl::DeviceGuardImplInterface {
+  c10::DeviceType type() const override { return kType; }
+  c10::Device exchangeDevice(c10::Device d) const override {
+    checkIndex(d.index());
+    return c10::Device(kType, 0);
+  }
+  c10::Device getDevice() const override { return c10::Device(kType, 0); }
+  void setDevice(c10::Device d) const override { checkIndex(d.index()); }
+  void uncheckedSetDevice(c10::Device) const noexcept override {}
+  c10::Stream getStream(c10::Device) const override { return defaultStream(); }
+  c10::Stream getDefaultStream(c10::Device) const override { return defaultStream(); }
+  c10::Stream exchangeStream(c10::Stream) const override { return defaultStream(); }
+  c10::DeviceIndex deviceCount() const noexcept override { return 1; }
+  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  void block(void*, const c10::Stream&) const override {}
+  bool queryEvent(void*) const override { return true; }
+  bool queryStream(const c10::Stream&) const override { return true; }
+  void synchronizeStream(const c10::Stream&) const override {}
+  void synchronizeEvent(void*) const override {}
+  void synchronizeDevice(const c10::DeviceIndex) const override {}
+
+ private:
+  static c10::Stream defaultStream() { return c10::Stream(c10::Stream::DEFAULT, c10::Device(kType, 0)); }
+};
+
+struct Hooks final : at::PrivateUse1HooksInterface {
+  bool isBuilt() const override { return true; }
+  bool isAvailable() const override { return true; }
+  bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
+  c10::DeviceIndex deviceCount() const override { return 1; }
+  c10::DeviceIndex getCurrentDevice() const override { return 0; }
+  void setCurrentDevice(c10::DeviceIndex i) const override { checkIndex(i); }
+  c10::DeviceIndex exchangeDevice(c10::DeviceIndex i) const override {
+    checkIndex(i);
+    return 0;
+  }
+  c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex) const override { return 0; }
+  // Random ops are recorded and run on the CPU: they draw from its generator.
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
+    return at::detail::getDefaultCPUGenerator();
+  }
+  at::Device getDeviceFromPtr(void*) const override { return at::Device(kType, 0); }
+};
+
+C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
+
+struct Register {
+  Register() {
+    c10::register_privateuse1_backend("modelpar");
+    c10::SetAllocator(kType, allocator());
+    at::RegisterPrivateUse1HooksInterface(new Hooks());
+  }
+} register_device;
+
+}  // namespace
+}  // namespace modelpar::backend

@@ -1,0 +1,114 @@
+// modelpar for LibTorch programs: tensors on device "modelpar" are recorded
+// into a graph instead of running op by op; sync() (or reading a value:
+// item(), printing, .to("cpu")) runs the recorded step, and an identical next
+// step replays the plan already built.
+//
+// Example:
+//   #include <torch/torch.h>
+//   #include <modelpar/modelpar.h>
+//   torch::Device dev = modelpar::device();        // == torch::Device("modelpar")
+//   model->to(dev);
+//   modelpar::attach(*model);                      // names parameters -> layers
+//   for (auto& [x, y] : data) {
+//     optimizer.zero_grad();
+//     auto loss = torch::mse_loss(model->forward(x.to(dev)), y.to(dev));
+//     loss.backward();
+//     optimizer.step();
+//     float l = loss.item<float>();                // runs the step (or modelpar::sync())
+//   }
+//   modelpar::counters().captures == 1;            // every later step replayed
+//
+// This header needs only ATen; it is installed with the library
+// (find_package(modelpar) -> modelpar::modelpar).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+
+namespace modelpar {
+
+/// The modelpar device, modelpar:0 (PrivateUse1 renamed).
+c10::Device device();
+
+/// Ends the step: runs everything recorded since the last sync and stores
+/// the results in the live tensors. Throws modelpar::ExecutionError when an
+/// operator fails (naming the node and operator).
+void sync();
+
+struct Options {
+  /// An op that cannot be captured (data-dependent output shape such as
+  /// nonzero, unique, masked_select; no way to infer its shapes) raises
+  /// modelpar::UnsupportedOpError instead of running eagerly as a graph
+  /// break.
+  bool strict = false;
+  /// Warn once per op name at a graph break.
+  bool warn_on_graph_break = true;
+  /// Replay a cached plan when a step's graph equals an earlier one.
+  bool cache = true;
+};
+Options options();
+void setOptions(const Options& options);
+
+struct Counters {
+  int64_t captures = 0;      // graphs built and planned (cache misses)
+  int64_t replays = 0;       // steps that reused a cached plan
+  int64_t syncs = 0;         // steps run (captures + replays)
+  int64_t graph_breaks = 0;  // ops run eagerly because they cannot be captured
+  int64_t ops_recorded = 0;  // operator calls recorded
+};
+Counters counters();
+void resetCounters();
+
+/// A cached plan: the IR text of its graph and how many steps ran it.
+struct PlanInfo {
+  std::string graph;
+  int64_t runs = 0;
+};
+/// Cached plans in the order they were captured.
+std::vector<PlanInfo> plans();
+/// Drops every cached plan (the next step captures again).
+void clearPlans();
+/// IR text of the graph the last sync ran ("" before the first).
+std::string lastGraph();
+
+enum class TensorRole { Input, Parameter, Buffer };
+/// Names a tensor for the IR: graph inputs take the name, and a parameter or
+/// buffer "block.conv.weight" puts the nodes reading it in layer
+/// "block.conv". Keyed by the tensor object, so it survives module->to().
+void nameTensor(const at::Tensor& t, const std::string& name, TensorRole role);
+
+/// Names every parameter and buffer of a torch::nn module (anything with
+/// named_parameters() / named_buffers()) by its path.
+template <typename Module>
+void attach(const Module& module, const std::string& prefix = "") {
+  const std::string p = prefix.empty() ? prefix : prefix + ".";
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    nameTensor(item.value(), p + item.key(), TensorRole::Parameter);
+  }
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    nameTensor(item.value(), p + item.key(), TensorRole::Buffer);
+  }
+}
+
+/// Names the layer of the ops recorded on this thread while it lives;
+/// nested scopes join with '.': Scope a("block1"); Scope b("conv") -> "block1.conv".
+class Scope {
+ public:
+  explicit Scope(const std::string& name);
+  ~Scope();
+  Scope(const Scope&) = delete;
+  Scope& operator=(const Scope&) = delete;
+};
+
+namespace detail {
+/// Loads the backend (device registration). Called by the inline variable
+/// below so that linking modelpar::modelpar is enough, even with --as-needed.
+bool linked();
+inline const bool kLinked = linked();
+}  // namespace detail
+
+}  // namespace modelpar

@@ -1,0 +1,154 @@
+"""The modelpar device from eager Python: a model moved to "modelpar" trains
+exactly like on the CPU, steps replay one captured plan, and what cannot be
+captured breaks the graph or raises."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+import torch
+
+import modelpar
+
+
+class Block(torch.nn.Module):
+    """conv + batch norm + linear with a residual add (no conv bias before batch
+    norm: its gradient is rounding noise, which Adam would amplify)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 6, 3, padding=1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(6)
+        self.conv2 = torch.nn.Conv2d(6, 6, 3, padding=1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(6)
+        self.fc = torch.nn.Linear(6 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.bn1(self.conv1(x)))
+        h = torch.relu(h + self.bn2(self.conv2(h)))
+        return self.fc(h.flatten(1))
+
+
+def _train(device: str, make_optimizer, steps: int) -> tuple[list[float], torch.nn.Module]:
+    torch.manual_seed(0)
+    model = Block().to(device)
+    modelpar.attach(model)
+    opt = make_optimizer(model.parameters(), device)
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(4, 3, 6, 6, generator=g).to(device)
+        y = torch.randint(0, 5, (4,), generator=g).to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+OPTIMIZERS = {
+    "sgd": lambda p, device: torch.optim.SGD(p, lr=0.05),
+    "sgd_momentum": lambda p, device: torch.optim.SGD(p, lr=0.05, momentum=0.9),
+    # capturable: the step count lives on the device and bias corrections are
+    # tensor ops, so every step records the same graph (the CPU reference
+    # cannot be capturable; the arithmetic is the same).
+    "adam": lambda p, device: torch.optim.Adam(p, lr=0.01, capturable=device != "cpu"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_model_on_modelpar_trains_like_cpu(name: str) -> None:
+    want, cpu_model = _train("cpu", OPTIMIZERS[name], steps=4)
+    modelpar.reset_device_counters()
+    got, dev_model = _train("modelpar", OPTIMIZERS[name], steps=4)
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=1e-5, atol=1e-6)
+    for (n, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
+        assert p_dev.device.type == "modelpar", n
+        torch.testing.assert_close(p_dev.cpu(), p_cpu, rtol=1e-5, atol=1e-6, msg=n)
+    counters = modelpar.device_counters()
+    assert counters["graph_breaks"] == 0
+    assert counters["captures"] + counters["replays"] == 4
+    # Optimizers that create their state in the first step capture a second
+    # graph for the second; from then on every step replays.
+    assert counters["captures"] == (1 if name == "sgd" else 2)
+
+
+def test_graph_names_layers_from_hooks_and_phases() -> None:
+    _train("modelpar", OPTIMIZERS["sgd"], steps=1)
+    g = modelpar.last_graph()
+    assert "%conv1.weight: f32[6, 3, 3, 3] param" in g
+    assert "%bn1.running_mean: f32[6] buffer" in g
+    assert '{layer="conv1", phase=fwd}' in g
+    assert '{layer="bn2", phase=fwd}' in g
+    assert "phase=bwd" in g and "phase=update" in g
+
+
+def test_device_and_tensor_methods() -> None:
+    x = torch.arange(6.0).reshape(2, 3)
+    m = x.to("modelpar")
+    assert m.device == torch.device("modelpar", 0)
+    assert m.is_modelpar and x.modelpar().is_modelpar
+    assert torch.modelpar.device_count() == 1
+    assert "device='modelpar:0'" in repr(m * 2)
+    breaks = modelpar.device_counters()["graph_breaks"]
+    assert str(m * 2).startswith("tensor([[ 0.,  2.,  4.]")  # printing materialises, no graph break
+    assert modelpar.device_counters()["graph_breaks"] == breaks
+    assert (m.sum() * 2).item() == 30.0
+    torch.testing.assert_close((m.t() @ m).cpu(), x.t() @ x)
+
+
+def test_inplace_and_slicing_assignment() -> None:
+    x = torch.randn(4, 5)
+    m = x.to("modelpar")
+    for t in (x, m):
+        t[:, 1:3] = 0.5
+        t[2] += 1.0
+        t.relu_()
+    torch.testing.assert_close(m.cpu(), x)
+
+
+def test_data_dependent_op_breaks_the_graph_with_one_warning() -> None:
+    x = torch.randn(6, 4)
+    m = x.to("modelpar") * 1.0
+    before = modelpar.device_counters()["graph_breaks"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = torch.masked_select(m, m > 0)
+    assert got.device.type == "modelpar"
+    torch.testing.assert_close(got.cpu(), torch.masked_select(x, x > 0))
+    assert modelpar.device_counters()["graph_breaks"] == before + 1
+    assert any("aten::masked_select" in str(w.message) for w in caught)
+
+
+def test_strict_mode_raises_naming_the_op() -> None:
+    modelpar.set_device_options(strict=True)
+    try:
+        with pytest.raises(RuntimeError, match=r"aten::nonzero.*strict"):
+            torch.nonzero(torch.randn(3).to("modelpar"))
+    finally:
+        modelpar.set_device_options(strict=False)
+
+
+def test_mixing_devices_names_op_and_devices() -> None:
+    with pytest.raises(RuntimeError, match=r"aten::add\.Tensor.*modelpar:0 and cpu"):
+        torch.randn(2, 2).to("modelpar") + torch.randn(2, 2)
+
+
+def test_state_dict_saves_and_loads(tmp_path) -> None:
+    model = torch.nn.Linear(3, 2)
+    want = {k: v.clone() for k, v in model.state_dict().items()}
+    model.to("modelpar")
+    with torch.no_grad():
+        model.weight.mul_(2.0)  # pending in a trace when saved
+    torch.save(model.state_dict(), tmp_path / "m.pt")
+    got = torch.load(tmp_path / "m.pt", map_location="cpu")
+    torch.testing.assert_close(got["weight"], want["weight"] * 2)
+    torch.testing.assert_close(got["bias"], want["bias"])
+
+
+def test_cmake_prefix_path_has_the_package_config() -> None:
+    config = os.path.join(modelpar.cmake_prefix_path, "modelpar", "modelparConfig.cmake")
+    assert os.path.isfile(config)
