@@ -42,10 +42,18 @@ bool solve(std::vector<std::vector<double>> a, std::vector<double> b, std::vecto
 
 }  // namespace
 
-LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::vector<double>& y) {
+LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::vector<double>& y,
+                         const std::vector<double>& weights) {
   size_t m = y.size();
   MP_CHECK(m == x.size(), ConfigError,
            "modelpar calibrate: {} feature rows for {} measurements", x.size(), m);
+  MP_CHECK(weights.empty() || weights.size() == m, ConfigError,
+           "modelpar calibrate: {} weights for {} measurements", weights.size(), m);
+  for (double w : weights) {
+    MP_CHECK(w > 0 && std::isfinite(w), ConfigError,
+             "modelpar calibrate: weights must be finite and > 0, got {}", w);
+  }
+  auto weight = [&](size_t i) { return weights.empty() ? 1.0 : weights[i]; };
   size_t f = m ? x[0].size() : 0;
   MP_CHECK(f >= 1 && f <= kMaxFeatures, ConfigError,
            "modelpar calibrate: needs 1 to {} features, got {}", kMaxFeatures, f);
@@ -77,10 +85,11 @@ LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::v
     std::vector<std::vector<double>> a(n, std::vector<double>(n, 0.0));
     std::vector<double> b(n, 0.0);
     for (size_t i = 0; i < m; ++i) {
+      double w = weight(i);
       for (size_t r = 0; r < n; ++r) {
         double fr = feature(i, cols[r]);
-        b[r] += fr * y[i];
-        for (size_t c = 0; c < n; ++c) a[r][c] += fr * feature(i, cols[c]);
+        b[r] += w * fr * y[i];
+        for (size_t c = 0; c < n; ++c) a[r][c] += w * fr * feature(i, cols[c]);
       }
     }
     std::vector<double> z;
@@ -92,7 +101,7 @@ LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::v
     for (size_t i = 0; i < m; ++i) {
       double pred = 0;
       for (size_t j = 0; j < k; ++j) pred += coef[j] * feature(i, j);
-      sse += (y[i] - pred) * (y[i] - pred);
+      sse += weight(i) * (y[i] - pred) * (y[i] - pred);
     }
     if (sse < best_sse * (1 - 1e-12)) {
       best_sse = sse;
@@ -104,11 +113,14 @@ LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::v
   LinearFit fit;
   for (size_t j = 0; j < f; ++j) fit.coefficients.push_back(best[j] / scale[j]);
   fit.intercept = best[f];
-  double mean = 0;
-  for (double v : y) mean += v;
-  mean /= static_cast<double>(m);
+  double mean = 0, wsum = 0;
+  for (size_t i = 0; i < m; ++i) {
+    mean += weight(i) * y[i];
+    wsum += weight(i);
+  }
+  mean /= wsum;
   double sst = 0;
-  for (double v : y) sst += (v - mean) * (v - mean);
+  for (size_t i = 0; i < m; ++i) sst += weight(i) * (y[i] - mean) * (y[i] - mean);
   fit.r2 = sst > 0 ? 1.0 - best_sse / sst : 1.0;
   return fit;
 }
@@ -141,12 +153,16 @@ DeviceSpec calibrateDevice(const std::vector<KernelSample>& samples, DeviceSpec 
            "modelpar calibrate: a device fit needs at least 3 kernel samples, got {}",
            samples.size());
   std::vector<std::vector<double>> x;
-  std::vector<double> y;
+  std::vector<double> y, w;
   for (const KernelSample& s : samples) {
+    MP_CHECK(s.time_us > 0, ConfigError,
+             "modelpar calibrate: kernel sample with {} bytes and {} flops has time {} us; times "
+             "must be > 0", s.bytes, s.flops, s.time_us);
     x.push_back({s.bytes, s.flops});
     y.push_back(s.time_us);
+    w.push_back(1.0 / (s.time_us * s.time_us));
   }
-  LinearFit fit = fitNonNegative(x, y);
+  LinearFit fit = fitNonNegative(x, y, w);
   if (fit.coefficients[0] > 0) base.memory_bandwidth = 1e6 / fit.coefficients[0];
   if (fit.coefficients[1] > 0) base.peak_flops = 1e6 / fit.coefficients[1];
   base.launch_overhead_us = fit.intercept;

@@ -34,9 +34,11 @@ struct LinearFit {
 
 /// Non-negative least squares of y on the feature rows `x` plus an intercept
 /// (also >= 0), solved exactly by trying every active set (features <= 4).
+/// With `weights` (one > 0 per sample) it minimises sum w_i (y_i - fit_i)^2.
 /// Throws ConfigError when there are fewer samples than unknowns or the
 /// features are constant.
-LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::vector<double>& y);
+LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::vector<double>& y,
+                         const std::vector<double>& weights = {});
 
 /// Fits time_us = latency_us + bytes / bandwidth. Throws ConfigError with the
 /// sample count when fewer than two distinct sizes are given, or when the
@@ -44,7 +46,10 @@ LinearFit fitNonNegative(const std::vector<std::vector<double>>& x, const std::v
 LinkSpec calibrateLink(const std::vector<TransferSample>& samples);
 
 /// Fits time_us = bytes / memory_bandwidth + flops / peak_flops + launch and
-/// returns `base` with those three fields replaced. A coefficient that fits
+/// returns `base` with those three fields replaced. The fit minimises
+/// relative errors (weights 1 / time^2): kernel times span orders of
+/// magnitude, and an absolute fit would let the largest kernels swamp the
+/// small ones that determine the launch overhead. A coefficient that fits
 /// to zero leaves the base value (the samples say nothing about it). Throws
 /// ConfigError with fewer than three samples.
 DeviceSpec calibrateDevice(const std::vector<KernelSample>& samples, DeviceSpec base = {});

@@ -2,6 +2,7 @@
 #include "passes/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "ir/check.h"
@@ -206,6 +207,26 @@ CostStats estimateCosts(ir::Graph& g, const DeviceModel& machine, const CostOpti
     if (costs[i]) g.node(static_cast<ir::NodeId>(i)).cost = costs[i];
   }
   return stats;
+}
+
+void applyProfile(ir::Graph& g, const std::vector<double>& time_us, const DeviceModel& machine,
+                  const CostOptions& options) {
+  MP_CHECK(time_us.size() == g.numNodes(), ConfigError,
+           "modelpar {}: a profile of {} node times for the {} nodes of graph @{}", kCostPassId,
+           time_us.size(), g.numNodes(), g.name());
+  for (size_t i = 0; i < time_us.size(); ++i) {
+    MP_CHECK(std::isfinite(time_us[i]), ConfigError, "modelpar {}: profiled time of node {} is {}",
+             kCostPassId, g.nodeRef(static_cast<ir::NodeId>(i)), time_us[i]);
+  }
+  ir::Graph costed = g;
+  estimateCosts(costed, machine, options);
+  for (size_t i = 0; i < time_us.size(); ++i) {
+    if (time_us[i] < 0) continue;
+    auto n = static_cast<ir::NodeId>(i);
+    ir::Cost c = *costed.node(n).cost;
+    c.time_us = time_us[i];
+    g.node(n).cost = c;
+  }
 }
 
 }  // namespace modelpar::passes

@@ -33,6 +33,7 @@
 #include <map>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ir/graph.h"
 #include "passes/device_model.h"
@@ -76,5 +77,14 @@ NodeCostEstimate estimateNodeCost(const ir::Graph& g, ir::NodeId n, const Device
 /// Runs pass `cost` on g. Throws ConfigError for a reference device out of
 /// range or a negative factor.
 CostStats estimateCosts(ir::Graph& g, const DeviceModel& machine, const CostOptions& options = {});
+
+/// Stores a profile in g's cost attributes (source 1 above): node n gets
+/// time_us[n] with the bytes its cost already has, else the bytes the
+/// analytic model gives it (outputs, temporaries, persistent bytes as the
+/// pass charges them). A negative time leaves the node as it is. Afterwards
+/// pass `cost` keeps these costs. Throws ConfigError when time_us does not
+/// have one entry per node or a time is not finite; writes nothing then.
+void applyProfile(ir::Graph& g, const std::vector<double>& time_us, const DeviceModel& machine,
+                  const CostOptions& options = {});
 
 }  // namespace modelpar::passes

@@ -10,6 +10,7 @@
 #include "passes/liveness.h"
 #include "passes/lower.h"
 #include "passes/op_family.h"
+#include "passes/pipeline.h"
 #include "passes/place_metf.h"
 #include "passes/place_msct.h"
 #include "passes/place_mtopo.h"

@@ -13,6 +13,16 @@
 // Nothing half-applied: every option is checked before the first pass runs,
 // and the passes work on a copy, so the caller's graph is never modified,
 // whether plan() returns or throws.
+//
+// Example:
+//   PlanOptions o;
+//   o.devices = 4;
+//   o.placer = "m-sct";
+//   o.memory_bytes = {parseBytes("16GiB")};
+//   o.progress = [](const PassEvent& e) { if (e.finished) log(e.pass, e.seconds); };
+//   Plan p = plan(graph, o);          // graph is unchanged
+//   p.program;                        // run it on runtime::Executor
+//   std::string text = p.summary();   // what `python -m modelpar plan` prints
 #pragma once
 
 #include <cstdint>

@@ -1,7 +1,7 @@
 // modelpar._C: Python bindings of the IR (parse, print, verify, dot) and of
 // the reference interpreters. modelpar's C++ errors become the Python classes
-// of modelpar/errors.py. The only file of modelpar that includes pybind11 and
-// PyTorch's Python headers.
+// of modelpar/errors.py. With the bind_*.cpp files it registers, the only
+// code of modelpar that includes pybind11 and PyTorch's Python headers.
 #include <torch/csrc/utils/pybind.h>
 
 #include <string>
@@ -12,6 +12,13 @@
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
+
+namespace modelpar {
+void bindCompile(py::module_& m);  // bind_compile.cpp: CompiledGraph (torch.compile backend)
+void bindBackend(py::module_& m);  // bind_backend.cpp: the modelpar device
+void bindExecutor(py::module_& m);  // bind_executor.cpp: Executor (multi-device runtime)
+void bindPlan(py::module_& m);  // bind_plan.cpp: plan_graph, PlacementPlan (passes/pipeline.h)
+}  // namespace modelpar
 
 namespace modelpar {
 namespace {
@@ -173,4 +180,8 @@ PYBIND11_MODULE(_C, m) {
         py::arg("inputs"));
   m.def("run_program", &runWith<runtime::ProgramInterpreter, ir::Program>, py::arg("program"),
         py::arg("inputs"));
+  bindCompile(m);
+  bindBackend(m);
+  bindExecutor(m);
+  bindPlan(m);
 }

@@ -5,6 +5,7 @@
 #include <optional>
 
 #include <ATen/core/Tensor.h>
+#include <ATen/EmptyTensor.h>
 #include <c10/util/Exception.h>
 
 #include "ir/printer.h"
@@ -75,8 +76,10 @@ bool fits(const ir::Arg& a, const c10::Type& t, const ir::Graph& g, bool& unsupp
   switch (t.kind()) {
     case TypeKind::OptionalType:
       return a.isNone() || fits(a, elementOf(t), g, unsupported);
-    case TypeKind::TensorType:
-      return valueOf(VK::Tensor);
+    case TypeKind::TensorType:  // a number becomes a wrapped-number tensor (wrappedNumber)
+      return valueOf(VK::Tensor) || a.kind() == ArgKind::Int || a.kind() == ArgKind::Float ||
+             a.kind() == ArgKind::Bool || valueOf(VK::Int) || valueOf(VK::Float) ||
+             valueOf(VK::Bool);
     case TypeKind::IntType:
     case TypeKind::SymIntType:
       return a.kind() == ArgKind::Int || valueOf(VK::Int);
@@ -129,6 +132,35 @@ ir::Arg broadcastFixedList(const ir::Arg& a, const c10::Argument& param, const i
   ir::Arg item = a;
   item.withKeyword("");
   return ir::Arg::list(std::vector<ir::Arg>(static_cast<size_t>(*param.N()), item));
+}
+
+/// A number passed where the schema wants a Tensor (`aten::add.Tensor(%x, 1)`,
+/// as FX graphs write it): a 0-dim CPU tensor marked as a wrapped number,
+/// exactly what PyTorch's Python argument parser makes of it, so type
+/// promotion treats it as a Python scalar (an f16 tensor plus 0.5 stays f16).
+/// Made without the dispatcher: resolution may run under a Python dispatch
+/// mode (torch.compile resolves inside FakeTensorMode), which must not see it.
+at::Tensor wrappedNumber(const c10::Scalar& s) {
+  at::Tensor t = at::detail::empty_cpu({}, s.type(), /*pin_memory=*/false, std::nullopt);
+  switch (s.type()) {
+    case c10::ScalarType::Long:
+      *t.mutable_data_ptr<int64_t>() = s.toLong();
+      break;
+    case c10::ScalarType::Bool:
+      *t.mutable_data_ptr<bool>() = s.toBool();
+      break;
+    default:
+      *t.mutable_data_ptr<double>() = s.toDouble();
+      break;
+  }
+  t.unsafeGetTensorImpl()->set_wrapped_number(true);
+  return t;
+}
+
+c10::Scalar scalarOf(const ir::Arg& a) {
+  if (a.kind() == ArgKind::Int) return c10::Scalar(a.toInt());
+  if (a.kind() == ArgKind::Bool) return c10::Scalar(a.toBool());
+  return c10::Scalar(a.toDouble());
 }
 
 bool refersToValues(const ir::Arg& a) {
@@ -256,9 +288,12 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
   if (a.isValue()) {
     const c10::IValue& v = read(a.toValue(), *env);
     if (isFloatLike(t) && v.isInt()) return static_cast<double>(v.toInt());
+    if (t.kind() == TypeKind::TensorType && !v.isTensor()) return wrappedNumber(v.toScalar());
     return v;
   }
   switch (t.kind()) {
+    case TypeKind::TensorType:
+      return wrappedNumber(scalarOf(a));
     case TypeKind::IntType:
     case TypeKind::SymIntType:
       return a.toInt();
@@ -295,7 +330,7 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
     case TypeKind::TensorType: {
       c10::List<at::Tensor> l;
       l.reserve(items.size());
-      for (const ir::Arg& item : items) l.push_back(read(item.toValue(), *env).toTensor());
+      for (const ir::Arg& item : items) l.push_back(build(item, elem, env).toTensor());
       return l;
     }
     case TypeKind::OptionalType: {  // Tensor?[]
@@ -303,7 +338,8 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
       l.reserve(items.size());
       for (const ir::Arg& item : items) {
         l.push_back(item.isNone() ? std::nullopt
-                                  : std::optional<at::Tensor>(read(item.toValue(), *env).toTensor()));
+                                  : std::optional<at::Tensor>(
+                                        build(item, elementOf(elem), env).toTensor()));
       }
       return l;
     }

@@ -33,6 +33,8 @@ class ResolvedOp {
   /// express; InvalidIrError when the arguments do not fit the schema (too
   /// many positional, unknown or repeated keyword, missing argument, wrong
   /// kind of argument). Messages name the node, the operator and the argument.
+  /// A number (constant or scalar value) where the schema wants a Tensor is
+  /// passed as a 0-dim wrapped-number tensor, as PyTorch's Python API does.
   ResolvedOp(const ir::Graph& g, ir::NodeId n);
 
   /// Calls the operator with the node's inputs read from `env` and returns its

@@ -1,7 +1,10 @@
 """modelpar: run an unmodified PyTorch model split over several devices.
 
 The public API is re-exported here: the IR (Graph, Program, parsing), the
-reference interpreters and the exception classes."""
+reference interpreters, the exception classes, model-parallel planning
+(``plan_graph``, ``Plan.place``), and the torch.compile backend
+(``torch.compile(model, backend="modelpar")`` finds it through the
+``torch_dynamo_backends`` entry point, without ``import modelpar``)."""
 
 from __future__ import annotations
 
@@ -17,25 +20,74 @@ from .errors import (
     PlanDoesNotFitError,
     UnsupportedOpError,
 )
+from .compile_backend import modelpar_backend
+from .device import (
+    attach,
+    clear_device_plans,
+    cmake_prefix_path,
+    device_counters,
+    device_options,
+    device_plans,
+    last_graph,
+    reset_device_counters,
+    scope,
+    set_device_options,
+    sync,
+)
+from .executor import Executor, cuda_devices_built
 from .interpreter import RuntimeValue, run_graph, run_program
 from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_program
+from .options import CompileOptions, resolve_options
+from .plan import GraphRecord, Plan, clear_plans, plans
+from .planning import (
+    PLACERS,
+    CapturedPlacement,
+    PlacementPlan,
+    parse_bytes,
+    plan_graph,
+)
 
 __all__ = [
+    "CapturedPlacement",
+    "CompileOptions",
     "ConfigError",
     "Error",
     "ExecutionError",
+    "Executor",
     "Graph",
+    "GraphRecord",
     "InternalError",
     "InvalidIrError",
+    "PLACERS",
     "ParseError",
+    "PlacementPlan",
+    "Plan",
     "PlanDoesNotFitError",
     "Program",
     "RuntimeValue",
     "UnsupportedOpError",
+    "attach",
+    "clear_device_plans",
+    "clear_plans",
+    "cmake_prefix_path",
+    "cuda_devices_built",
+    "device_counters",
+    "device_options",
+    "device_plans",
+    "last_graph",
     "load_graph",
     "load_program",
+    "modelpar_backend",
+    "parse_bytes",
     "parse_graph",
     "parse_program",
+    "plan_graph",
+    "plans",
+    "reset_device_counters",
+    "resolve_options",
     "run_graph",
     "run_program",
+    "scope",
+    "set_device_options",
+    "sync",
 ]

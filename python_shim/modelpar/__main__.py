@@ -2,11 +2,42 @@
 
 Commands:
   demo   run the hand-written 2-device pipeline example (see ``modelpar.demo``)
+  plan   place an IR graph on N devices, simulate the step, print the summary
+
+Example:
+  python -m modelpar plan examples/ir/mlp_step.txt --devices 2 --placer m-etf --trace step.json
+
+Errors of modelpar (a bad option, a graph that does not parse, a plan that
+does not fit) print one line on stderr and exit with status 1.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import modelpar
+    from modelpar.planning import plan_graph
+
+    try:
+        memory = None
+        if args.memory is not None:
+            parts = [m.strip() for m in args.memory.split(",")]
+            memory = parts[0] if len(parts) == 1 else parts
+        p = plan_graph(args.graph, devices=args.devices, memory=memory, placer=args.placer,
+                       machine=args.machine, trace=args.trace, coarsen=not args.no_coarsen,
+                       dump_dir=args.dump_dir, lp_time_limit_s=args.lp_time_limit)
+    except (modelpar.Error, OSError) as e:
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        if isinstance(e, OSError) and e.filename is not None:
+            message = f"cannot read '{e.filename}': {e.strerror}"
+        print(f"python -m modelpar plan: error: {message}", file=sys.stderr)
+        return 1
+    print(p.summary(), end="")
+    if args.trace:
+        print(f"  trace: {args.trace}")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,10 +47,33 @@ def main(argv: list[str] | None = None) -> int:
     demo = sub.add_parser("demo", help="run the 2-device pipelined MLP training step on CPU")
     demo.add_argument("--out", default="modelpar-demo", help="folder for the .dot files")
     demo.add_argument("--seed", type=int, default=0)
+    plan = sub.add_parser(
+        "plan", help="place a graph on N devices and simulate the step",
+        description="Runs modelpar's pass pipeline (cost, coarsen, place, lower, simulate) on an "
+                    "IR graph and prints the placement summary: units per device, simulated "
+                    "step time, speed-up over one device, peak memory per device, pass times.")
+    plan.add_argument("graph", help="IR text file of one graph (ir/README.md)")
+    plan.add_argument("--devices", type=int, default=None,
+                      help="logical devices (default: the machine profile's, else 1)")
+    plan.add_argument("--memory", default=None,
+                      help="memory per device: a size such as 16GiB, 512MiB, 1.5GB, or a comma-"
+                           "separated list with one per device (default: the profile's, else 16GiB)")
+    plan.add_argument("--placer", default="m-etf", help="m-topo, m-etf (default) or m-sct")
+    plan.add_argument("--trace", default=None, help="write a Chrome trace of the simulated step")
+    plan.add_argument("--machine", default=None,
+                      help="machine profile JSON (passes/README.md); one device is replicated")
+    plan.add_argument("--no-coarsen", action="store_true",
+                      help="place every node on its own instead of coarsened units")
+    plan.add_argument("--dump-dir", default=None,
+                      help="write the IR after every pass there (default: $MODELPAR_DUMP_DIR)")
+    plan.add_argument("--lp-time-limit", type=float, default=20.0,
+                      help="m-SCT's LP time limit in seconds (default 20)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from modelpar.demo import run_demo
         return run_demo(out_dir=args.out, seed=args.seed)
+    if args.command == "plan":
+        return _plan(args)
     return 2
 
 

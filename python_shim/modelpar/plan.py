@@ -89,6 +89,21 @@ class Plan:
                 paths.append(path)
         return paths
 
+    def place(self, devices: int | None = None, memory=None, placer: str = "m-etf",
+              machine: str | os.PathLike[str] | None = None, **kwargs):
+        """Plans this plan's graphs model-parallel on ``devices`` logical
+        devices and simulates them (``modelpar.planning.place_captured``;
+        the arguments are ``modelpar.plan_graph``'s). Returns a
+        ``CapturedPlacement``: ``print()`` it for the summary of each graph.
+
+        Raises:
+            ConfigError: a bad option, or no graph of this plan was imported.
+            PlanDoesNotFitError: a graph does not fit the memory.
+        """
+        from .planning import place_captured
+        return place_captured(self, devices=devices, memory=memory, placer=placer,
+                              machine=machine, **kwargs)
+
     def summary(self) -> str:
         head = f"modelpar plan {self.index}: {self.function} ({self.filename}:{self.line})"
         if self.resumed_at is not None:

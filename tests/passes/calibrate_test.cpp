@@ -75,6 +75,32 @@ TEST(CalibrateDevice, RecoversRooflineParameters) {
   EXPECT_THROW(calibrateDevice({s[0], s[1]}), ConfigError);
 }
 
+TEST(CalibrateDevice, FitsSmallKernelsRelativelySoTheLaunchOverheadSurvives) {
+  // 1 us launch; big matmuls at 1e11 FLOP/s take milliseconds and carry 1%
+  // noise, which an absolute fit would trade against the 1 us kernels.
+  std::vector<KernelSample> s;
+  for (double n : {256.0, 512.0, 1024.0}) {
+    double flops = 2 * n * n * n, bytes = 12 * n * n;
+    s.push_back({bytes, flops, (flops / 1e5 + bytes / 2e4 + 1.0) * (n == 512.0 ? 1.01 : 0.99)});
+  }
+  for (double numel : {1e3, 1e5, 1e6}) s.push_back({12 * numel, numel, 12 * numel / 2e4 + numel / 1e5 + 1.0});
+  s.push_back({8, 1, 1.0});
+  s.push_back({8, 1, 1.05});
+  DeviceSpec d = calibrateDevice(s);
+  EXPECT_NEAR(d.launch_overhead_us, 1.0, 0.1);
+  EXPECT_NEAR(d.peak_flops / 1e11, 1.0, 0.05);
+  EXPECT_NEAR(d.memory_bandwidth / 2e10, 1.0, 0.05);
+}
+
+TEST(FitNonNegative, WeightsSamples) {
+  // Two points pull the line apart; the heavy one wins.
+  LinearFit f = fitNonNegative({{1}, {2}, {3}, {3}}, {1, 2, 3, 5}, {1, 1, 1, 1e-9});
+  EXPECT_NEAR(f.coefficients[0], 1.0, 1e-6);
+  EXPECT_NEAR(f.intercept, 0.0, 1e-6);
+  EXPECT_THROW(fitNonNegative({{1}, {2}}, {1, 2}, {1, 0}), ConfigError);
+  EXPECT_THROW(fitNonNegative({{1}, {2}}, {1, 2}, {1}), ConfigError);
+}
+
 TEST(FitNonNegative, ReportsGoodnessOfFit) {
   LinearFit f = fitNonNegative({{1}, {2}, {3}, {4}}, {3, 5, 7, 9});
   EXPECT_NEAR(f.coefficients[0], 2.0, 1e-9);

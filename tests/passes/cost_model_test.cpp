@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ir/error.h"
 #include "ir/parser.h"
 
@@ -103,6 +105,32 @@ graph @shared(%x: f32[4] input, %w: f32[4] param, %rm: f32[4] buffer) {
   EXPECT_EQ(g.node(0).cost->persistent_bytes, 32);  // 16 B weight + 16 B momentum
   EXPECT_EQ(g.node(1).cost->persistent_bytes, 0);
   EXPECT_EQ(g.node(2).cost->persistent_bytes, 16);  // buffers carry no optimizer state
+}
+
+TEST(CostModel, AppliesAProfileWithAnalyticBytesAndKeepsIt) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @shared(%x: f32[4] input, %w: f32[4] param) {
+  %a: f32[4] = aten::mul.Tensor(%x, %w)
+  %b: f32[4] = aten::relu(%a) {cost={time_us=9.0, out=100, temp=2, persist=3}}
+  %c: f32[4] = aten::relu(%b)
+  return %c
+}
+)");
+  applyProfile(g, {12.5, 4.0, -1.0}, slowMachine());
+  // %a: measured time, the analytic 16 B output and the weight's 16 B.
+  EXPECT_EQ(*g.node(0).cost, (ir::Cost{12.5, 16, 0, 16}));
+  // %b kept its bytes, took the measured time; %c (negative) is unprofiled.
+  EXPECT_EQ(*g.node(1).cost, (ir::Cost{4.0, 100, 2, 3}));
+  EXPECT_FALSE(g.node(2).cost.has_value());
+  CostStats st = estimateCosts(g, slowMachine());
+  EXPECT_EQ(st.profiled, 2);
+  EXPECT_EQ(st.analytic, 1);
+  EXPECT_DOUBLE_EQ(g.node(0).cost->time_us, 12.5);
+  // One time per node, finite, or nothing is written.
+  ir::Graph before = g;
+  EXPECT_THROW(applyProfile(g, {1.0, 2.0}, slowMachine()), ConfigError);
+  EXPECT_THROW(applyProfile(g, {1.0, 2.0, std::nan("")}, slowMachine()), ConfigError);
+  EXPECT_TRUE(g == before);
 }
 
 TEST(CostModel, LeavesTheGraphUntouchedWhenItThrows) {

@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <filesystem>
 
+#include <fmt/format.h>
+
 #include "ir/error.h"
 
 namespace modelpar::passes {
@@ -88,6 +90,31 @@ TEST(FormatBytes, PicksTheLargestBinaryUnit) {
   EXPECT_EQ(formatBytes(3 * 1024), "3.0 KiB");
   EXPECT_EQ(formatBytes(int64_t{512} << 20), "512.0 MiB");
   EXPECT_EQ(formatBytes(int64_t{14} * (int64_t{1} << 30) + (int64_t{1} << 29)), "14.5 GiB");
+}
+
+TEST(ParseBytes, ReadsBinaryAndDecimalUnitsInAnyCase) {
+  EXPECT_EQ(parseBytes("16GiB"), int64_t{16} << 30);
+  EXPECT_EQ(parseBytes("512 MiB"), int64_t{512} << 20);
+  EXPECT_EQ(parseBytes("1.5GB"), 1500000000);
+  EXPECT_EQ(parseBytes(" 4096 "), 4096);
+  EXPECT_EQ(parseBytes("4096b"), 4096);
+  EXPECT_EQ(parseBytes("2kib"), 2048);
+  EXPECT_EQ(parseBytes("0.5 KiB"), 512);
+  EXPECT_EQ(parseBytes("3TB"), int64_t{3000000000000});
+}
+
+TEST(ParseBytes, RejectsGarbageQuotingTheTextAndTheValidForms) {
+  for (const char* bad : {"", "GiB", "-1GiB", "16 GiBs", "16 G", "1.2.3", "16 GiB extra", "lots",
+                          "1e3", "99999999999 TiB"}) {
+    try {
+      parseBytes(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const ConfigError& e) {
+      std::string m = e.what();
+      EXPECT_NE(m.find(fmt::format("'{}' is not a size", bad)), std::string::npos) << m;
+      EXPECT_NE(m.find("KiB"), std::string::npos) << m;
+    }
+  }
 }
 
 }  // namespace

@@ -59,6 +59,10 @@ TEST(PlaceMSct, RoundingKeepsOneFavouritePerParentAndChild) {
     TaskGraph tg = buildTaskGraph(g);
     MSctOptions o;
     o.threshold = 0.9;  // generous: many candidates, the rules must still hold
+    if (trial % 2) {    // and with the LP solved in windows of 7 tasks
+      o.lp_whole_max_tasks = 0;
+      o.lp_window_tasks = 7;
+    }
     std::vector<int32_t> fav = favouriteChildren(tg, machine(3, int64_t{1} << 40, 2.0, 64.0), o);
     std::vector<int> parents(fav.size(), 0);
     for (size_t i = 0; i < fav.size(); ++i) {
@@ -109,6 +113,60 @@ TEST(PlaceMSct, KeepsASingleSourceGraphOnOneDeviceWhenCommunicationIsHuge) {
     ir::Graph g = testing::randomDag(rng, 40, 0.1, 4096, /*single_source=*/true);
     Placement p = placeMSct(g, machine(2 + trial % 3, int64_t{1} << 40, 1e9, 1.0));
     for (int32_t d : p.node_device) EXPECT_EQ(d, p.node_device[0]);
+  }
+}
+
+// A chain a -> b -> c -> d of 10 us tasks, 1 KiB edges (3 us on machine(2)),
+// solved in two windows of two tasks.
+//   window {a, b}: s_b >= s_a + 10 + 3 x_ab; b's successor lies beyond, so
+//     s_b + 10 <= w; minimum w = 20 at x_ab = 0, s_a = 0, s_b = 10 (the
+//     small weight on the starts pins them to their earliest times);
+//   window {c, d}: s_c >= s_b + 10 + 3 x_bc with s_b = 10 fixed,
+//     s_d >= s_c + 10 + 3 x_cd, s_d + 10 <= w: w = 40 at x = 0.
+// Every edge rounds to a favourite: the chain stays on one device.
+TEST(PlaceMSct, WindowedLpFixesEarlierStartsAndKeepsTheChainTogether) {
+  ir::Graph g("chain");
+  ir::ValueId v = g.addInput("x", testing::f32(256), ir::InputRole::Input);
+  for (const char* name : {"a", "b", "c", "d"}) {
+    v = g.node(testing::addTask(g, name, {v}, 1024, 10.0)).outputs[0];
+  }
+  g.setOutputs({v});
+  TaskGraph tg = buildTaskGraph(g);
+  MSctStats stats;
+  MSctOptions o;
+  o.stats = &stats;
+  o.lp_window_tasks = 2;
+  o.lp_whole_max_tasks = 0;
+  std::vector<int32_t> fav = favouriteChildren(tg, machine(2), o);
+  EXPECT_EQ(stats.lp_windows, 2);
+  EXPECT_TRUE(stats.lp_optimal);
+  EXPECT_NEAR(stats.lp_makespan_us, 40.0, 1e-6);
+  EXPECT_EQ(fav, (std::vector<int32_t>{1, 2, 3, -1}));
+  Placement p = placeMSct(g, tg, machine(2), o);
+  for (int32_t d : p.node_device) EXPECT_EQ(d, p.node_device[0]);
+  EXPECT_DOUBLE_EQ(p.makespan_us, 40.0);
+  // Graphs up to lp_whole_max_tasks solve one LP.
+  o.lp_whole_max_tasks = 4;
+  favouriteChildren(tg, machine(2), o);
+  EXPECT_EQ(stats.lp_windows, 1);
+}
+
+TEST(PlaceMSct, WindowedLpKeepsGrahamsBoundsAndCostlyGraphsOnOneDevice) {
+  std::mt19937 rng(29);
+  MSctOptions o;
+  o.lp_window_tasks = 9;
+  o.lp_whole_max_tasks = 0;
+  for (int trial = 0; trial < 20; ++trial) {
+    int m = 2 + trial % 3;
+    ir::Graph g = testing::randomDag(rng, 50, 0.08, 4096);
+    TaskGraph tg = buildTaskGraph(g);
+    double work = 0;
+    for (double t : tg.time_us) work += t;
+    Placement p = placeMSct(g, tg, machine(m, int64_t{1} << 40, 0.0, 1e18), o);
+    EXPECT_LE(p.makespan_us, work / m + (1.0 - 1.0 / m) * criticalPath(tg) + 1e-6);
+    ir::Graph one = testing::randomDag(rng, 40, 0.1, 4096, /*single_source=*/true);
+    Placement q = placeMSct(one, machine(m, int64_t{1} << 40, 1e9, 1.0), o);
+    for (int32_t d : q.node_device) EXPECT_EQ(d, q.node_device[0]);
   }
 }
 

@@ -284,8 +284,10 @@ def test_unknown_operator_raises_unsupported_op_error():
 
 
 def test_argument_of_wrong_type_raises_invalid_ir_error():
-    g = modelpar.parse_graph(LIN.replace("aten::mm(%x, %w)", "aten::mm(%x, 3)"))
-    with pytest.raises(modelpar.InvalidIrError, match="argument 'mat2' expects Tensor, got 3"):
+    # (A number where a Tensor is due is fine: it becomes a wrapped-number
+    # tensor, as in PyTorch's Python API.)
+    g = modelpar.parse_graph(LIN.replace("aten::mm(%x, %w)", 'aten::mm(%x, "three")'))
+    with pytest.raises(modelpar.InvalidIrError, match="argument 'mat2' expects Tensor, got \"three\""):
         modelpar.run_graph(g, [torch.randn(4, 8), torch.randn(8, 3)])
 
 

@@ -1,0 +1,373 @@
+// The model-parallel pass pipeline (pipeline.h): option checks, then cost →
+// coarsen → place → lower → simulate on a copy of the graph, each pass timed,
+// verified, dumped and reported.
+#include "passes/pipeline.h"
+
+#include <algorithm>
+#include <cctype>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "ir/check.h"
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "passes/place_metf.h"
+#include "passes/place_mtopo.h"
+#include "passes/task_graph.h"
+
+namespace modelpar::passes {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+std::string placerList() {
+  std::string s;
+  for (std::string_view p : kPlacerNames) s += fmt::format("{}'{}'", s.empty() ? "" : ", ", p);
+  return s;
+}
+
+void checkOptions(const PlanOptions& o) {
+  MP_CHECK(!o.devices || (*o.devices >= 1 && *o.devices <= 64), ConfigError,
+           "modelpar {}: devices={} is not valid; devices takes an int from 1 to 64",
+           kPlanPipelineId, o.devices.value_or(0));
+  bool known = std::find(std::begin(kPlacerNames), std::end(kPlacerNames), o.placer) !=
+               std::end(kPlacerNames);
+  MP_CHECK(known, ConfigError, "modelpar {}: placer='{}' is not valid; placer takes one of {}",
+           kPlanPipelineId, o.placer, placerList());
+  for (size_t i = 0; i < o.memory_bytes.size(); ++i) {
+    MP_CHECK(o.memory_bytes[i] > 0, ConfigError,
+             "modelpar {}: memory[{}]={} bytes is not valid; memory takes sizes > 0 bytes, one for "
+             "every device or one per device", kPlanPipelineId, i, o.memory_bytes[i]);
+  }
+  MP_CHECK(o.msct_threshold >= 0 && o.msct_threshold <= 1, ConfigError,
+           "modelpar {}: msct_threshold={} is not valid; it takes a number in [0, 1]",
+           kPlanPipelineId, o.msct_threshold);
+  MP_CHECK(o.msct_lp_time_limit_s > 0, ConfigError,
+           "modelpar {}: msct_lp_time_limit_s={} is not valid; it takes seconds > 0",
+           kPlanPipelineId, o.msct_lp_time_limit_s);
+  MP_CHECK(o.cost_options.optimizer_state_factor >= 0, ConfigError,
+           "modelpar {}: cost_options.optimizer_state_factor={} is not valid; it takes a number "
+           ">= 0", kPlanPipelineId, o.cost_options.optimizer_state_factor);
+}
+
+// The first n devices of m, with their links.
+DeviceModel firstDevices(const DeviceModel& m, int n) {
+  std::vector<DeviceSpec> devs(m.devices().begin(), m.devices().begin() + n);
+  DeviceModel out = DeviceModel::fromDevices(std::move(devs), m.defaultLink());
+  for (int s = 0; s < n; ++s) {
+    for (int d = 0; d < n; ++d) {
+      if (s != d && !(m.link(s, d) == m.defaultLink())) out.setLink(s, d, m.link(s, d), false);
+    }
+  }
+  return out;
+}
+
+std::string fileSafe(std::string_view name) {
+  std::string s;
+  for (char c : name) s += std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' ? c : '_';
+  return s.empty() ? "graph" : s;
+}
+
+// Runs, times, reports, verifies and dumps the passes of one plan() call.
+class Instrumentation {
+ public:
+  Instrumentation(const PlanOptions& o, const ir::Graph& g, int num_passes)
+      : o_(o), count_(num_passes), graph_name_(fileSafe(g.name())) {
+    if (o.dump_dir) {
+      dump_dir_ = *o.dump_dir;
+    } else if (const char* env = std::getenv("MODELPAR_DUMP_DIR")) {
+      dump_dir_ = env;
+    }
+    stats_.reserve(static_cast<size_t>(num_passes));  // run() hands out references
+  }
+
+  /// Runs `body` as pass `pass`; returns its row of the table to fill.
+  template <typename Body>
+  PassStats& run(std::string_view pass, Body&& body) {
+    if (o_.progress) o_.progress(PassEvent{pass, index_, count_, false, 0.0});
+    auto t0 = Clock::now();
+    body();
+    double s = secondsSince(t0);
+    if (o_.progress) o_.progress(PassEvent{pass, index_, count_, true, s});
+    ++index_;
+    stats_.push_back(PassStats{std::string(pass), s, 0, 0, 0, {}, {}, {}});
+    return stats_.back();
+  }
+
+  /// The after-pass hook, then `check` unless verification is off; a
+  /// failure is re-thrown as InvalidIrError naming the pass.
+  template <typename Check>
+  void verifyAfter(ir::Graph& graph, ir::Program* program, Check&& check) {
+    std::string_view pass = stats_.back().pass;
+    if (o_.after_pass) o_.after_pass(pass, graph, program);
+    if (!o_.verify) return;
+    auto t0 = Clock::now();
+    try {
+      check();
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      MP_THROW(InvalidIrError, "modelpar {}: the IR after pass '{}' breaks an invariant: {}",
+               kPlanPipelineId, pass, e.what());
+    }
+    stats_.back().verify_seconds = secondsSince(t0);
+  }
+
+  /// Writes `text` as the IR after the last pass, when dumps are on.
+  void dump(const std::string& text) {
+    if (dump_dir_.empty()) return;
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::create_directories(dump_dir_, ec);
+    MP_CHECK(!ec, ConfigError, "modelpar {}: cannot create the dump folder '{}' ({}); fix "
+             "MODELPAR_DUMP_DIR or the dump_dir option", kPlanPipelineId, dump_dir_, ec.message());
+    fs::path path = fs::path(dump_dir_) /
+                    fmt::format("{}.plan-{:02d}-{}.txt", graph_name_, index_, stats_.back().pass);
+    std::ofstream out(path);
+    out << text;
+    MP_CHECK(out.good(), ConfigError, "modelpar {}: cannot write the IR dump '{}'",
+             kPlanPipelineId, path.string());
+  }
+  bool dumping() const { return !dump_dir_.empty(); }
+
+  std::vector<PassStats> take() { return std::move(stats_); }
+
+ private:
+  const PlanOptions& o_;
+  int count_;
+  int index_ = 0;
+  std::string graph_name_;
+  std::string dump_dir_;
+  std::vector<PassStats> stats_;
+};
+
+// Unit ids in range, units inside one group, every node covered.
+void checkCoarsening(const ir::Graph& g, const Coarsening& c) {
+  MP_CHECK(c.unit_of_node.size() == g.numNodes() && c.group_of_node.size() == g.numNodes(),
+           InvalidIrError, "the grouping covers {} of {} nodes", c.unit_of_node.size(),
+           g.numNodes());
+  std::vector<int32_t> group_of_unit(static_cast<size_t>(c.num_units), -1);
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    int32_t u = c.unit_of_node[n], grp = c.group_of_node[n];
+    MP_CHECK(u >= 0 && u < c.num_units && grp >= 0 && grp < c.num_groups, InvalidIrError,
+             "node {} is in unit {} of {} and group {} of {}", g.nodeRef(static_cast<ir::NodeId>(n)),
+             u, c.num_units, grp, c.num_groups);
+    int32_t& ug = group_of_unit[static_cast<size_t>(u)];
+    MP_CHECK(ug < 0 || ug == grp, InvalidIrError, "unit {} spans groups {} and {} (node {})", u,
+             ug, grp, g.nodeRef(static_cast<ir::NodeId>(n)));
+    ug = grp;
+  }
+}
+
+// The graph with a comment per unit: which nodes it holds.
+std::string coarseningText(const ir::Graph& g, const Coarsening& c) {
+  std::vector<std::vector<ir::NodeId>> members(static_cast<size_t>(c.num_units));
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    members[static_cast<size_t>(c.unit_of_node[n])].push_back(static_cast<ir::NodeId>(n));
+  }
+  std::string out = fmt::format("// coarsen: {} nodes in {} units, {} groups\n", g.numNodes(),
+                                c.num_units, c.num_groups);
+  for (size_t u = 0; u < members.size(); ++u) {
+    const ir::Node& first = g.node(members[u].front());
+    out += fmt::format("// unit {} (group {}{}{}):", u, c.group_of_node[static_cast<size_t>(members[u].front())],
+                       first.layer.empty() ? "" : ", layer ", first.layer);
+    for (ir::NodeId n : members[u]) out += fmt::format(" {}", g.nodeRef(n));
+    out += "\n";
+  }
+  return out + ir::print(g);
+}
+
+std::string placementText(const ir::Graph& g, const Placement& p) {
+  ir::Graph placed = g;
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    placed.node(static_cast<ir::NodeId>(n)).device = p.node_device[n];
+  }
+  std::string out = fmt::format("// {}: {} devices, estimated makespan {}\n", p.placer,
+                                p.num_devices, formatMicros(p.makespan_us));
+  for (int d = 0; d < p.num_devices; ++d) {
+    out += fmt::format("// device {} order:", d);
+    for (ir::NodeId n : p.order[static_cast<size_t>(d)]) out += fmt::format(" {}", g.nodeRef(n));
+    out += "\n";
+  }
+  return out + ir::print(placed);
+}
+
+std::string simulationText(const ir::Program& p, const SimulationReport& r) {
+  std::string out = fmt::format("// simulate: step {}, {} instructions, {} transfers\n",
+                                formatMicros(r.step_time_us), r.num_instructions, r.num_transfers);
+  for (size_t d = 0; d < r.devices.size(); ++d) {
+    const DeviceReport& dr = r.devices[d];
+    out += fmt::format("// device {}: compute {}, idle {}, send {}, recv {}, peak {}\n", d,
+                       formatMicros(dr.compute_busy_us), formatMicros(dr.idle_us),
+                       formatMicros(dr.send_busy_us), formatMicros(dr.recv_busy_us),
+                       formatBytes(dr.peak_bytes));
+  }
+  return out + ir::print(p);
+}
+
+}  // namespace
+
+DeviceModel planMachine(const PlanOptions& o) {
+  checkOptions(o);
+  int have = o.machine ? o.machine->numDevices() : 0;
+  int n = o.devices.value_or(o.machine ? have : 1);
+  DeviceModel m;
+  if (!o.machine) {
+    m = DeviceModel::uniform(n);
+  } else if (n == have) {
+    m = *o.machine;
+  } else if (n < have) {
+    m = firstDevices(*o.machine, n);
+  } else {
+    MP_CHECK(have == 1, ConfigError,
+             "modelpar {}: devices={} but the machine profile has {} devices; ask for at most {} "
+             "devices, or give a one-device profile (it is replicated)",
+             kPlanPipelineId, n, have, have);
+    m = DeviceModel::fromDevices(std::vector<DeviceSpec>(static_cast<size_t>(n), o.machine->device(0)),
+                                 o.machine->defaultLink());
+    for (int d = 0; d < n; ++d) {
+      DeviceSpec s = m.device(d);
+      s.name = fmt::format("{}{}", o.machine->device(0).name, d);
+      m.setDevice(d, s);
+    }
+  }
+  const auto& mem = o.memory_bytes;
+  MP_CHECK(mem.size() <= 1 || mem.size() == static_cast<size_t>(n), ConfigError,
+           "modelpar {}: memory has {} values for {} devices; give one value for every device or "
+           "one per device", kPlanPipelineId, mem.size(), n);
+  for (int d = 0; d < n && !mem.empty(); ++d) {
+    DeviceSpec s = m.device(d);
+    s.memory_bytes = mem.size() == 1 ? mem[0] : mem[static_cast<size_t>(d)];
+    m.setDevice(d, s);
+  }
+  MP_CHECK(o.cost_options.reference_device >= 0 && o.cost_options.reference_device < n,
+           ConfigError, "modelpar {}: cost_options.reference_device={} is not valid; it takes a "
+           "device from 0 to {}", kPlanPipelineId, o.cost_options.reference_device, n - 1);
+  return m;
+}
+
+Plan plan(const ir::Graph& input, const PlanOptions& o) {
+  // 0. Everything that can be checked before a pass runs.
+  DeviceModel machine = planMachine(o);
+  try {
+    ir::verify(input);
+  } catch (const InvalidIrError& e) {
+    MP_THROW(InvalidIrError, "modelpar {}: the input graph does not verify: {}", kPlanPipelineId,
+             e.what());
+  }
+  ir::Graph g = input;  // every pass works on this copy
+  Instrumentation ins(o, g, o.coarsen ? 5 : 4);
+
+  // 1. cost
+  CostStats cost;
+  PassStats& cs = ins.run(kCostPassId, [&] { cost = estimateCosts(g, machine, o.cost_options); });
+  cs.in = cs.out = static_cast<int64_t>(g.numNodes());
+  cs.in_what = cs.out_what = "nodes";
+  cs.detail = fmt::format("{} profiled, {} analytic, {} default", cost.profiled, cost.analytic,
+                          cost.defaulted);
+  ins.verifyAfter(g, nullptr, [&] { ir::verify(g); });
+  if (ins.dumping()) ins.dump(ir::print(g));
+
+  // 2. coarsen
+  Coarsening units;
+  if (o.coarsen) {
+    PassStats& s = ins.run(kCoarsenPassId, [&] { units = coarsen(g, o.coarsen_options); });
+    s.in = static_cast<int64_t>(g.numNodes());
+    s.in_what = "nodes";
+    s.out = units.num_units;
+    s.out_what = "units";
+    s.detail = fmt::format("{} groups; {} co-placed, {} fused", units.num_groups, units.coplaced,
+                           units.fused);
+    ins.verifyAfter(g, nullptr, [&] { checkCoarsening(g, units); });
+    if (ins.dumping()) ins.dump(coarseningText(g, units));
+  } else {
+    units = nodeUnits(g);
+  }
+
+  // 3. place
+  Placement placement;
+  MSctStats msct;
+  std::string place_id = o.placer == "m-topo" ? std::string(kMTopoPassId)
+                         : o.placer == "m-sct" ? std::string(kMSctPassId)
+                                               : std::string(kMEtfPassId);
+  PassStats& ps = ins.run(place_id, [&] {
+    TaskGraph tg = buildTaskGraph(g, &units);
+    if (o.placer == "m-topo") {
+      placement = placeMTopo(g, tg, machine, o.mtopo_uniform);
+    } else if (o.placer == "m-sct") {
+      MSctOptions so;
+      so.threshold = o.msct_threshold;
+      so.lp_time_limit_s = o.msct_lp_time_limit_s;
+      so.stats = &msct;
+      placement = placeMSct(g, tg, machine, so);
+    } else {
+      placement = placeMEtf(g, tg, machine);
+    }
+  });
+  ps.in = units.num_units;
+  ps.in_what = "units";
+  ps.out = machine.numDevices();
+  ps.out_what = "devices";
+  ps.detail = fmt::format("estimated makespan {}", formatMicros(placement.makespan_us));
+  if (o.placer == "m-sct") {
+    ps.detail += fmt::format("; {} LP{} {}x{} in {}, {}, {} favourites", msct.lp_windows,
+                             msct.lp_windows == 1 ? "" : "s", msct.lp_rows, msct.lp_columns,
+                             formatMicros(msct.lp_seconds * 1e6),
+                             msct.lp_optimal ? "optimal" : "not optimal (time limit)",
+                             msct.favourite_edges);
+  }
+  ins.verifyAfter(g, nullptr, [&] { checkPlacement(g, placement); });
+  if (ins.dumping()) ins.dump(placementText(g, placement));
+
+  // 4. lower
+  std::optional<ir::Program> program;
+  PassStats& ls = ins.run(kLowerPassId, [&] { program.emplace(lower(g, placement, o.lower_options)); });
+  int64_t frees = 0, transfers = 0, instructions = 0;
+  for (int d = 0; d < program->numDevices(); ++d) {
+    for (const ir::Instruction& i : program->schedule(d)) {
+      ++instructions;
+      frees += i.kind == ir::Instruction::Kind::Free;
+      transfers += i.kind == ir::Instruction::Kind::Send;
+    }
+  }
+  ls.in = static_cast<int64_t>(g.numNodes());
+  ls.in_what = "nodes";
+  ls.out = instructions;
+  ls.out_what = "instructions";
+  ls.detail = fmt::format("{} transfers, {} frees", transfers, frees);
+  ins.verifyAfter(program->graph(), &*program, [&] { ir::verify(*program); });
+  if (ins.dumping()) ins.dump(ir::print(*program));
+
+  // 5. simulate
+  SimulationReport sim;
+  SimulateOptions so;
+  so.record_timeline = o.record_timeline;
+  PassStats& ss = ins.run(kSimulatePassId, [&] { sim = simulate(*program, machine, so); });
+  ss.in = sim.num_instructions;
+  ss.in_what = "instructions";
+  ss.detail = fmt::format("step {}; critical path {} steps", formatMicros(sim.step_time_us),
+                          sim.critical_path.size());
+  ins.verifyAfter(program->graph(), &*program, [] {});
+  for (size_t d = 0; d < sim.devices.size(); ++d) {
+    int64_t cap = machine.device(static_cast<int>(d)).memory_bytes;
+    MP_INTERNAL_ASSERT(sim.devices[d].peak_bytes <= cap,
+                       "{}: simulated peak memory {} on device {} exceeds its capacity {} although "
+                       "{} accepted the placement", kPlanPipelineId,
+                       formatBytes(sim.devices[d].peak_bytes), d, formatBytes(cap), place_id);
+  }
+  if (ins.dumping()) ins.dump(simulationText(*program, sim));
+
+  double single = 0;
+  for (const ir::Node& n : program->graph().nodes()) single += n.cost ? n.cost->time_us : 0.0;
+  return Plan{std::move(*program), std::move(placement), std::move(units), std::move(machine),
+              std::move(sim),      cost,                 msct,             single,
+              ins.take()};
+}
+
+}  // namespace modelpar::passes

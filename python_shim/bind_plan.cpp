@@ -1,0 +1,249 @@
+// modelpar._C.plan_graph and PlacementPlan: the model-parallel pass pipeline
+// (passes/pipeline.h) from Python. modelpar/planning.py wraps plan_graph
+// with argument parsing (memory strings, paths); the CLI and Plan.place use it.
+#include <torch/csrc/utils/pybind.h>
+
+#ifdef MODELPAR_HAS_PASSES
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "ir/ir.h"
+#include "passes/calibrate.h"
+#include "passes/chrome_trace.h"
+#include "passes/cost_model.h"
+#include "passes/pipeline.h"
+
+namespace py = pybind11;
+
+namespace modelpar {
+namespace {
+
+/// A node's name for Python: its first output's name, or its label.
+std::string nodeName(const ir::Graph& g, ir::NodeId n) {
+  const ir::Node& node = g.node(n);
+  return node.outputs.empty() ? node.label : g.value(node.outputs[0]).name;
+}
+
+passes::Plan planGraph(const ir::Graph& g, std::optional<int> devices,
+                       std::vector<int64_t> memory, std::string placer,
+                       std::optional<std::string> machine, bool coarsen,
+                       std::optional<std::string> dump_dir, double lp_time_limit_s) {
+  passes::PlanOptions o;
+  o.devices = devices;
+  o.memory_bytes = std::move(memory);
+  o.placer = std::move(placer);
+  o.coarsen = coarsen;
+  o.dump_dir = std::move(dump_dir);
+  o.msct_lp_time_limit_s = lp_time_limit_s;
+  o.record_timeline = true;  // write_trace works on every plan
+  py::gil_scoped_release no_gil;
+  if (machine) o.machine = passes::DeviceModel::load(*machine);
+  return passes::plan(g, o);
+}
+
+}  // namespace
+
+void bindPlan(py::module_& m) {
+  using passes::Plan;
+  py::class_<Plan>(m, "PlacementPlan",
+                   "A model-parallel plan of one graph (passes/pipeline.h): the lowered Program, "
+                   "the placement, the simulated step and the pass statistics. str() is the "
+                   "summary.")
+      .def("summary", &Plan::summary)
+      .def("__str__", &Plan::summary)
+      .def("__repr__", [](const Plan& p) {
+        return c10::str("<modelpar.PlacementPlan @", p.program.graph().name(), ": ",
+                        p.placement.placer, " on ", p.placement.num_devices, " devices, step ",
+                        passes::formatMicros(p.stepTimeUs()), ">");
+      })
+      .def_property_readonly("program", [](const Plan& p) { return p.program; },
+                             "The lowered Program (a copy): devices, costs, send/recv/free.")
+      .def_property_readonly(
+          "placement",
+          [](const Plan& p) {
+            py::dict d;
+            const ir::Graph& g = p.program.graph();
+            for (size_t n = 0; n < g.numNodes(); ++n) {
+              d[py::str(nodeName(g, static_cast<ir::NodeId>(n)))] = p.placement.node_device[n];
+            }
+            return d;
+          },
+          "dict: node name (its first output, or its label) -> device.")
+      .def_property_readonly(
+          "order",
+          [](const Plan& p) {
+            std::vector<std::vector<std::string>> out;
+            for (const auto& ord : p.placement.order) {
+              out.emplace_back();
+              for (ir::NodeId n : ord) out.back().push_back(nodeName(p.program.graph(), n));
+            }
+            return out;
+          },
+          "Per device, the node names in execution order.")
+      .def_property_readonly("placer", [](const Plan& p) { return p.placement.placer; })
+      .def_property_readonly("num_devices", [](const Plan& p) { return p.placement.num_devices; })
+      .def_property_readonly("num_units", [](const Plan& p) { return p.units.num_units; })
+      .def_property_readonly("step_time_us", &Plan::stepTimeUs, "Simulated step time.")
+      .def_property_readonly("single_device_us",
+                             [](const Plan& p) { return p.single_device_us; },
+                             "The step on one device: the sum of node times.")
+      .def_property_readonly("speedup", &Plan::speedup)
+      .def_property_readonly("estimated_makespan_us",
+                             [](const Plan& p) { return p.placement.makespan_us; },
+                             "The placer's own estimate of the step.")
+      .def_property_readonly("units_per_device", &Plan::unitsPerDevice)
+      .def_property_readonly("nodes_per_device", &Plan::nodesPerDevice)
+      .def_property_readonly("num_transfers",
+                             [](const Plan& p) { return p.simulation.num_transfers; })
+      .def_property_readonly(
+          "peak_bytes",
+          [](const Plan& p) {
+            std::vector<int64_t> v;
+            for (const auto& d : p.simulation.devices) v.push_back(d.peak_bytes);
+            return v;
+          },
+          "Simulated peak memory per device.")
+      .def_property_readonly(
+          "capacity_bytes",
+          [](const Plan& p) {
+            std::vector<int64_t> v;
+            for (const auto& d : p.machine.devices()) v.push_back(d.memory_bytes);
+            return v;
+          })
+      .def_property_readonly(
+          "compute_busy_us",
+          [](const Plan& p) {
+            std::vector<double> v;
+            for (const auto& d : p.simulation.devices) v.push_back(d.compute_busy_us);
+            return v;
+          })
+      .def_property_readonly(
+          "stats",
+          [](const Plan& p) {
+            py::list rows;
+            for (const passes::PassStats& s : p.stats) {
+              py::dict r;
+              r["pass"] = s.pass;
+              r["seconds"] = s.seconds;
+              r["verify_seconds"] = s.verify_seconds;
+              r["in"] = s.in;
+              r["in_what"] = s.in_what;
+              r["out"] = s.out;
+              r["out_what"] = s.out_what;
+              r["detail"] = s.detail;
+              rows.append(r);
+            }
+            return rows;
+          },
+          "One dict per pass: pass, seconds, verify_seconds, in, in_what, out, out_what, detail.")
+      .def("stats_table", &Plan::statsTable)
+      .def_property_readonly("machine_json",
+                             [](const Plan& p) { return p.machine.toJson().dump(2); },
+                             "The machine planned for, as a profile (JSON text).")
+      .def("trace", [](const Plan& p) { return passes::toChromeTrace(p.program, p.simulation); },
+           "The Chrome / Perfetto trace JSON of the simulated step.")
+      .def(
+          "write_trace",
+          [](const Plan& p, const std::string& path) {
+            passes::writeChromeTrace(path, p.program, p.simulation);
+          },
+          py::arg("path"),
+          "Writes the Chrome / Perfetto trace JSON (chrome://tracing, ui.perfetto.dev).");
+
+  m.def("plan_graph", &planGraph, py::arg("graph"), py::arg("devices"), py::arg("memory"),
+        py::arg("placer"), py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"),
+        py::arg("lp_time_limit_s"),
+        "passes::plan on a copy of graph; see modelpar.plan_graph.");
+  m.def("parse_bytes", [](const std::string& text) { return passes::parseBytes(text); },
+        py::arg("text"));
+  m.def("format_bytes", &passes::formatBytes, py::arg("bytes"));
+  m.def(
+      "calibrated_machine",
+      [](const std::vector<std::tuple<double, double, double>>& kernels,
+         const std::vector<std::tuple<double, double>>& transfers, int64_t memory_bytes,
+         const std::string& name, double extra_latency_us) {
+        std::vector<passes::KernelSample> ks;
+        for (auto [bytes, flops, us] : kernels) ks.push_back({bytes, flops, us});
+        std::vector<passes::TransferSample> ts;
+        for (auto [bytes, us] : transfers) ts.push_back({bytes, us});
+        passes::DeviceSpec base;
+        base.name = name;
+        base.memory_bytes = memory_bytes;
+        passes::DeviceSpec dev = passes::calibrateDevice(ks, base);
+        passes::LinkSpec link = passes::calibrateLink(ts);
+        link.latency_us += extra_latency_us;
+        return passes::DeviceModel::fromDevices({dev}, link).toJson().dump(2);
+      },
+      py::arg("kernels"), py::arg("transfers"), py::arg("memory_bytes"), py::arg("name"),
+      py::arg("extra_latency_us"),
+      "A one-device machine profile (JSON text) fitted by passes/calibrate.h: kernels are "
+      "(bytes, flops, time_us) samples, transfers (bytes, time_us); extra_latency_us is added to "
+      "the fitted link latency.");
+  m.def(
+      "apply_profile",
+      [](const ir::Graph& g, const std::vector<double>& time_us) {
+        ir::Graph out = g;
+        passes::applyProfile(out, time_us, passes::DeviceModel::uniform(1));
+        return out;
+      },
+      py::arg("graph"), py::arg("time_us"),
+      "A copy of graph with measured node times (one per node; < 0: none) stored as its "
+      "profiled costs (passes/cost_model.h applyProfile).");
+  m.def(
+      "graph_input_specs",
+      [](const ir::Graph& g) {
+        py::list out;
+        for (const ir::Input& in : g.inputs()) {
+          const ir::Type& t = g.value(in.value).type;
+          py::dict d;
+          d["name"] = g.value(in.value).name;
+          d["role"] = std::string(ir::name(in.role));
+          static const char* kKinds[] = {"tensor", "int", "float", "bool"};
+          d["kind"] = kKinds[static_cast<int>(t.kind)];
+          d["dtype"] = std::string(ir::name(t.dtype));
+          py::list shape;
+          for (const ir::Dim& dim : t.shape) {
+            if (dim.isStatic()) {
+              shape.append(dim.size);
+            } else {
+              shape.append(dim.symbol);
+            }
+          }
+          d["shape"] = shape;
+          out.append(d);
+        }
+        return out;
+      },
+      py::arg("graph"),
+      "Per graph input: name, role, kind (tensor/int/float/bool), dtype (f32, i64, ...), shape "
+      "(ints, or symbol names).");
+  m.def(
+      "program_run_nodes",
+      [](const ir::Program& p) {
+        std::vector<std::vector<int64_t>> out;
+        for (int d = 0; d < p.numDevices(); ++d) {
+          out.emplace_back();
+          for (const ir::Instruction& i : p.schedule(d)) {
+            out.back().push_back(i.kind == ir::Instruction::Kind::Run ? i.node : -1);
+          }
+        }
+        return out;
+      },
+      py::arg("program"), "Per device, per instruction: the node id a run runs, -1 otherwise.");
+  m.def("plan_placers", [] {
+    return std::vector<std::string>(std::begin(passes::kPlacerNames), std::end(passes::kPlacerNames));
+  });
+}
+
+}  // namespace modelpar
+
+#else  // built without passes/: nothing to bind
+
+namespace modelpar {
+void bindPlan(pybind11::module_& /*m*/) {}
+}  // namespace modelpar
+
+#endif  // MODELPAR_HAS_PASSES

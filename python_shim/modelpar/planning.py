@@ -1,0 +1,309 @@
+"""Model-parallel plans from Python: ``plan_graph`` runs the pass pipeline of
+``passes/pipeline.h`` (cost → coarsen → m-TOPO | m-ETF | m-SCT → lower →
+simulate) on an IR graph, and ``place_captured`` does it for the graphs a
+``torch.compile`` plan holds (``modelpar.plans()[-1].place(devices=4)``).
+
+Example::
+
+    g = modelpar.load_graph("examples/ir/mlp_step.txt")
+    p = modelpar.plan_graph(g, devices=2, memory="16GiB", placer="m-etf")
+    print(p)                      # units per device, step time, speed-up, memory, pass stats
+    p.placement                   # {"h": 0, "a": 0, "p": 1, ...}
+    p.program                     # the lowered modelpar.Program (send/recv/free per device)
+    p.write_trace("step.json")    # Chrome / Perfetto trace of the simulated step
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Union
+
+import torch
+
+from . import _C
+from .errors import ConfigError
+from .ir import Graph, load_graph
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+__all__ = ["PLACERS", "PlacementPlan", "CapturedPlacement", "calibrated_machine", "example_inputs",
+           "parse_bytes", "plan_graph", "place_captured", "profile_graph"]
+
+#: The placers plan_graph knows, by name.
+PLACERS: tuple[str, ...] = tuple(_C.plan_placers()) if hasattr(_C, "plan_placers") else ()
+
+#: The plan of one graph (C++ passes::Plan): ``str(p)`` is its summary; see
+#: ``program``, ``placement``, ``order``, ``step_time_us``,
+#: ``single_device_us``, ``speedup``, ``units_per_device``, ``peak_bytes``,
+#: ``capacity_bytes``, ``stats``, ``trace()``, ``write_trace(path)``.
+PlacementPlan = getattr(_C, "PlacementPlan", None)
+
+MemoryArg = Union[None, int, str, Sequence[Union[int, str]]]
+
+
+def _require_passes() -> None:
+    if PlacementPlan is None:
+        raise ConfigError("modelpar plan: this build has no passes/ (MODELPAR_WITH_PASSES=OFF); "
+                          "rebuild with it to plan model parallelism")
+
+
+def parse_bytes(size: int | str) -> int:
+    """A size in bytes from an int or a string such as ``"16GiB"``,
+    ``"512 MiB"``, ``"1.5GB"`` (KiB..TiB: powers of 1024; KB..TB: of 1000).
+
+    Raises:
+        ConfigError: anything else (the message lists the accepted forms).
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ConfigError(f"modelpar: {size!r} is not a size; give an int of bytes or a string "
+                          f"such as \"16GiB\"")
+    if isinstance(size, int):
+        if size < 0:
+            raise ConfigError(f"modelpar: {size} is not a size; sizes are >= 0 bytes")
+        return size
+    _require_passes()
+    return _C.parse_bytes(size)
+
+
+def _memory_list(memory: MemoryArg) -> list[int]:
+    if memory is None:
+        return []
+    if isinstance(memory, (int, str)):
+        return [parse_bytes(memory)]
+    if isinstance(memory, Sequence):
+        return [parse_bytes(m) for m in memory]
+    raise ConfigError(f"modelpar plan: memory={memory!r} is not valid; memory takes None, a size "
+                      f"(int bytes or \"16GiB\") for every device, or a list with one per device")
+
+
+def calibrated_machine(kernels: Sequence[tuple[float, float, float]],
+                       transfers: Sequence[tuple[float, float]], *, memory: int | str = "16GiB",
+                       name: str = "dev", extra_latency_us: float = 0.0) -> str:
+    """A one-device machine profile (JSON text, for ``machine=``) fitted to
+    measurements by passes/calibrate.h's least squares: ``kernels`` are
+    ``(bytes moved, flops, time_us)`` samples (time = bytes / bandwidth +
+    flops / peak + launch), ``transfers`` ``(bytes, time_us)`` samples (time
+    = latency + bytes / bandwidth). ``plan_graph`` replicates the device to
+    as many devices as asked for, joined by the fitted link; add a fixed
+    per-transfer cost the samples miss with ``extra_latency_us``.
+
+    Raises:
+        ConfigError: too few samples, or samples from which no bandwidth or
+            speed can be inferred.
+    """
+    _require_passes()
+    return _C.calibrated_machine([tuple(map(float, k)) for k in kernels],
+                                 [tuple(map(float, t)) for t in transfers], parse_bytes(memory),
+                                 name, float(extra_latency_us))
+
+
+def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None,
+               memory: MemoryArg = None, placer: str = "m-etf",
+               machine: str | os.PathLike[str] | None = None,
+               trace: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
+               dump_dir: str | os.PathLike[str] | None = None,
+               lp_time_limit_s: float = 20.0) -> PlacementPlan:
+    """Places ``graph`` on ``devices`` logical devices and simulates the step.
+
+    Args:
+        graph: a ``modelpar.Graph``, or the path of an IR text file. It is not
+            modified (the pipeline works on a copy).
+        devices: logical devices (1..64); None: the machine profile's count,
+            or 1 without a profile.
+        memory: capacity per device: None (the profile's, else 16 GiB), a
+            size for every device (``"16GiB"``, ``512 << 20``), or a list with
+            one size per device.
+        placer: ``"m-topo"``, ``"m-etf"`` or ``"m-sct"`` (Baechi's placers).
+        machine: a machine profile JSON (passes/README.md); a one-device
+            profile is replicated to ``devices`` devices.
+        trace: write the Chrome trace of the simulated step there.
+        coarsen: group nodes into placement units first (layers,
+            co-placement, fusion); False places every node on its own.
+        dump_dir: write the IR after every pass there (default:
+            ``$MODELPAR_DUMP_DIR``; ``""``: no dumps).
+        lp_time_limit_s: m-SCT's LP time limit.
+
+    Raises:
+        ConfigError: a bad option (named, with its valid values), an
+            unreadable machine profile, or a trace that cannot be written.
+        PlanDoesNotFitError: no placement fits the memory; the message names
+            the layer, the device, the bytes needed and available.
+        ParseError, InvalidIrError: the graph text or graph is invalid.
+        OSError: the graph file cannot be read.
+    """
+    _require_passes()
+    if not isinstance(graph, Graph):
+        graph = load_graph(graph)
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)):
+        raise ConfigError(f"modelpar plan: devices={devices!r} is not valid; devices takes an "
+                          f"int from 1 to 64")
+    if not isinstance(placer, str):
+        raise ConfigError(f"modelpar plan: placer={placer!r} is not valid; placer takes one of "
+                          + ", ".join(repr(p) for p in PLACERS))
+    p = _C.plan_graph(graph, devices, _memory_list(memory), placer,
+                      None if machine is None else os.fspath(machine), bool(coarsen),
+                      None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s))
+    if trace is not None:
+        p.write_trace(os.fspath(trace))
+    return p
+
+
+_DTYPES = {"bool": torch.bool, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,
+           "i32": torch.int32, "i64": torch.int64, "f16": torch.float16, "bf16": torch.bfloat16,
+           "f32": torch.float32, "f64": torch.float64}
+
+
+def example_inputs(graph: Graph, symbol_sizes: dict[str, int] | None = None,
+                   seed: int = 0) -> list[Any]:
+    """Inputs of ``graph``'s types for timing it: floating tensors
+    ``randn``, integer and bool tensors zeros (a valid index anywhere),
+    ``int`` inputs and symbolic sizes from ``symbol_sizes`` (by name, else 1).
+
+    Raises:
+        ConfigError: an input of a dtype torch cannot make.
+    """
+    _require_passes()
+    sizes = dict(symbol_sizes or {})
+    gen = torch.Generator().manual_seed(seed)
+    out: list[Any] = []
+    for spec in _C.graph_input_specs(graph):
+        kind = spec["kind"]
+        if kind == "int":
+            out.append(int(sizes.get(spec["name"], 1)))
+        elif kind == "float":
+            out.append(1.0)
+        elif kind == "bool":
+            out.append(False)
+        else:
+            dtype = _DTYPES.get(spec["dtype"])
+            if dtype is None:
+                raise ConfigError(f"modelpar profile: input %{spec['name']} has dtype "
+                                  f"{spec['dtype']}, which example_inputs cannot make")
+            shape = [d if isinstance(d, int) else int(sizes.get(d, 1)) for d in spec["shape"]]
+            if dtype.is_floating_point:
+                out.append(torch.randn(shape, generator=gen).to(dtype))
+            else:
+                out.append(torch.zeros(shape, dtype=dtype))
+    return out
+
+
+def profile_graph(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: int = 5,
+                  threads_per_device: int = 1) -> Graph:
+    """Times every node of ``graph`` on a CPU worker of the executor and
+    returns a copy with the median times stored as profiled costs (bytes
+    from the analytic model), so that ``plan_graph`` plans with measured
+    times: the cost model's first source.
+
+    Args:
+        graph: the graph to time.
+        inputs: its inputs; None: ``example_inputs(graph)``.
+        runs: timed runs after one warm-up; each node's time is the median.
+        threads_per_device: intra-op threads of the worker.
+
+    Raises:
+        ExecutionError: the graph fails to run on the inputs.
+    """
+    _require_passes()
+    from .executor import Executor
+
+    program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
+    ex = Executor(program, devices="cpu-workers", threads_per_device=threads_per_device,
+                  record_trace=True)
+    args = list(inputs) if inputs is not None else example_inputs(graph)
+    ex.run(list(args))
+    node_of = _C.program_run_nodes(program)[0]
+    samples: list[list[float]] = [[] for _ in range(graph.num_nodes)]
+    for _ in range(max(1, runs)):
+        ex.run(list(args))
+        for node, span in zip(node_of, ex.last_trace()["host"][0]):
+            if node >= 0 and span is not None:
+                samples[node].append((span[1] - span[0]) / 1e3)
+    times = [sorted(s)[len(s) // 2] if s else -1.0 for s in samples]
+    return _C.apply_profile(graph, times)
+
+
+@dataclass
+class CapturedPlacement:
+    """The plans of the graphs of one ``torch.compile`` plan (``Plan.place``).
+
+    Each graph (forward, backward, or inference) is planned on its own; the
+    step time of training is forward + backward, one after the other. Values
+    the forward saves for the backward are assumed to stay on the device
+    that produced them (the transfers between the two graphs are not
+    simulated)."""
+    plan_index: int
+    function: str
+    plans: dict[str, PlacementPlan] = field(default_factory=dict)
+
+    @property
+    def step_time_us(self) -> float:
+        return sum(p.step_time_us for p in self.plans.values())
+
+    @property
+    def single_device_us(self) -> float:
+        return sum(p.single_device_us for p in self.plans.values())
+
+    @property
+    def speedup(self) -> float:
+        step = self.step_time_us
+        return self.single_device_us / step if step > 0 else 1.0
+
+    def __getitem__(self, kind: str) -> PlacementPlan:
+        return self.plans[kind]
+
+    def summary(self) -> str:
+        kinds = " + ".join(self.plans)
+        lines = [f"modelpar placement of plan {self.plan_index} ({self.function}): {kinds}: "
+                 f"simulated step {_micros(self.step_time_us)} (one device "
+                 f"{_micros(self.single_device_us)}, speed-up {self.speedup:.2f}x)"]
+        for kind, p in self.plans.items():
+            lines.append(f"[{kind}]")
+            lines.append(str(p).rstrip("\n"))
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _micros(us: float) -> str:
+    if us >= 1e6:
+        return f"{us / 1e6:.3g} s"
+    if us >= 1e3:
+        return f"{us / 1e3:.3g} ms"
+    return f"{us:.3g} us"
+
+
+def place_captured(plan: "Plan", devices: int | None = None, memory: MemoryArg = None,
+                   placer: str = "m-etf", machine: str | os.PathLike[str] | None = None, *,
+                   coarsen: bool = True, trace_dir: str | os.PathLike[str] | None = None,
+                   dump_dir: str | os.PathLike[str] | None = None,
+                   lp_time_limit_s: float = 20.0) -> CapturedPlacement:
+    """Plans every imported graph of a ``torch.compile`` plan (see
+    ``plan_graph`` for the arguments); ``trace_dir`` receives
+    ``<plan name>.<kind>.trace.json`` per graph.
+
+    Raises:
+        ConfigError: the plan has no imported graph (all run eagerly), or a
+            bad option.
+        PlanDoesNotFitError: a graph does not fit the memory.
+    """
+    out = CapturedPlacement(plan.index, plan.function)
+    for kind, rec in plan.graphs.items():
+        if rec.graph is None:
+            continue
+        trace = None
+        if trace_dir is not None:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+            trace = Path(trace_dir) / f"{plan.name}.{kind}.trace.json"
+        out.plans[kind] = plan_graph(rec.graph, devices=devices, memory=memory, placer=placer,
+                                     machine=machine, trace=trace, coarsen=coarsen,
+                                     dump_dir=dump_dir, lp_time_limit_s=lp_time_limit_s)
+    if not out.plans:
+        reasons = "; ".join(f"{k}: {r.reason}" for k, r in plan.graphs.items())
+        raise ConfigError(f"modelpar plan: plan {plan.index} ({plan.function}) has no graph "
+                          f"modelpar imported, so there is nothing to place ({reasons or 'no graphs'})")
+    return out
