@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "ir/ir.h"
+#include "python_shim/value_conversion.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;
@@ -59,48 +60,6 @@ void translate(std::exception_ptr p) {
   } catch (const c10::Error& e) {
     PyErr_SetString(PyExc_RuntimeError, e.what_without_backtrace());
   }
-}
-
-std::vector<c10::IValue> toIValues(const py::sequence& inputs) {
-  std::vector<c10::IValue> out;
-  out.reserve(inputs.size());
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    py::object h = inputs[i];
-    py::detail::make_caster<at::Tensor> tensor;
-    if (tensor.load(h, /*convert=*/false)) {
-      out.emplace_back(py::detail::cast_op<at::Tensor>(std::move(tensor)));
-    } else if (PyBool_Check(h.ptr())) {  // before int: bool is an int in Python
-      out.emplace_back(h.cast<bool>());
-    } else if (PyLong_Check(h.ptr())) {
-      out.emplace_back(h.cast<int64_t>());
-    } else if (PyFloat_Check(h.ptr())) {
-      out.emplace_back(h.cast<double>());
-    } else {
-      throw py::type_error(c10::str("input ", i, ": expected a torch.Tensor, int, float or bool, got ",
-                                    std::string(py::str(py::type::of(h).attr("__name__")))));
-    }
-  }
-  return out;
-}
-
-py::list toPython(const std::vector<c10::IValue>& values) {
-  py::list out;
-  for (const c10::IValue& v : values) {
-    if (v.isTensor()) {
-      out.append(py::cast(v.toTensor()));
-    } else if (v.isBool()) {
-      out.append(py::bool_(v.toBool()));
-    } else if (v.isInt()) {
-      out.append(py::int_(v.toInt()));
-    } else if (v.isDouble()) {
-      out.append(py::float_(v.toDouble()));
-    } else if (v.isNone()) {
-      out.append(py::none());
-    } else {
-      throw ExecutionError(c10::str("cannot return a ", v.tagKind(), " value to Python"));
-    }
-  }
-  return out;
 }
 
 std::vector<std::string> valueNames(const ir::Graph& g, const std::vector<ir::ValueId>& ids) {

@@ -1,0 +1,20 @@
+// Python <-> IValue conversion of the inputs and outputs of graphs and
+// programs, shared by the bindings (module.cpp, bind_executor.cpp).
+// bind_compile.cpp keeps its own raw-CPython version on the per-call hot path.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <vector>
+
+namespace modelpar {
+
+/// Tensors, bools, ints and floats to IValues; anything else raises
+/// TypeError naming the input's position and type.
+std::vector<c10::IValue> toIValues(const pybind11::sequence& inputs);
+/// Tensors, bools, ints, floats and None back to Python; other kinds raise
+/// ExecutionError.
+pybind11::list toPython(const std::vector<c10::IValue>& values);
+
+}  // namespace modelpar
