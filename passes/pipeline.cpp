@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <unordered_map>
 
 #include "ir/check.h"
 #include "ir/printer.h"
@@ -321,6 +322,33 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
                              formatMicros(msct.lp_seconds * 1e6),
                              msct.lp_optimal ? "optimal" : "not optimal (time limit)",
                              msct.favourite_edges);
+  }
+  if (!o.pinned_layers.empty()) {  // PlanOptions::pinned_layers
+    std::unordered_map<std::string, int> pin(o.pinned_layers.begin(), o.pinned_layers.end());
+    for (const auto& [layer, dev] : o.pinned_layers) {
+      MP_CHECK(dev >= 0 && dev < placement.num_devices, ConfigError,
+               "modelpar {}: pinned layer '{}' -> device {} is not valid; devices are 0..{}",
+               kPlanPipelineId, layer, dev, placement.num_devices - 1);
+    }
+    int64_t moved = 0;
+    for (size_t n = 0; n < g.numNodes(); ++n) {
+      const std::string& layer = g.node(static_cast<ir::NodeId>(n)).layer;
+      if (layer.empty()) continue;
+      auto it = pin.find(layer);
+      if (it == pin.end()) continue;
+      moved += placement.node_device[n] != it->second;
+      placement.node_device[n] = it->second;
+    }
+    // Inputs follow their first reader (lowering's rule), not where the
+    // placer put them next to readers that may have moved.
+    std::fill(placement.input_device.begin(), placement.input_device.end(), -1);
+    for (auto& order : placement.order) order.clear();
+    for (size_t n = 0; n < g.numNodes(); ++n) {
+      placement.order[static_cast<size_t>(placement.node_device[n])].push_back(
+          static_cast<ir::NodeId>(n));
+    }
+    ps.detail += fmt::format("; {} node{} moved to pinned layers' devices", moved,
+                             moved == 1 ? "" : "s");
   }
   ins.verifyAfter(g, nullptr, [&] { checkPlacement(g, placement); });
   if (ins.dumping()) ins.dump(placementText(g, placement));

@@ -30,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -74,6 +75,14 @@ struct PlanOptions {
   std::vector<int64_t> memory_bytes;
   /// One of kPlacerNames.
   std::string placer = "m-etf";
+  /// Layer -> device: every node whose `layer` is a key runs on that device,
+  /// whatever the placer chose (how torch.compile puts a layer's backward on
+  /// its forward's device). After the placer, pinned nodes are moved and the
+  /// per-device orders rebuilt in graph order (a topological order), so the
+  /// placement stays valid, and graph inputs go to their first reader's
+  /// device; the placer's makespan estimate is then stale, the
+  /// simulation is not. Devices out of range are a ConfigError.
+  std::vector<std::pair<std::string, int>> pinned_layers;
   /// Run pass `coarsen` (off: one placement unit per node, grouped by layer).
   bool coarsen = true;
   CoarsenOptions coarsen_options;

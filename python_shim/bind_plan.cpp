@@ -30,8 +30,10 @@ std::string nodeName(const ir::Graph& g, ir::NodeId n) {
 passes::Plan planGraph(const ir::Graph& g, std::optional<int> devices,
                        std::vector<int64_t> memory, std::string placer,
                        std::optional<std::string> machine, bool coarsen,
-                       std::optional<std::string> dump_dir, double lp_time_limit_s) {
+                       std::optional<std::string> dump_dir, double lp_time_limit_s,
+                       std::vector<std::pair<std::string, int>> pinned_layers) {
   passes::PlanOptions o;
+  o.pinned_layers = std::move(pinned_layers);
   o.devices = devices;
   o.memory_bytes = std::move(memory);
   o.placer = std::move(placer);
@@ -72,6 +74,19 @@ void bindPlan(py::module_& m) {
             return d;
           },
           "dict: node name (its first output, or its label) -> device.")
+      .def_property_readonly(
+          "layer_devices",
+          [](const Plan& p) {
+            py::dict d;
+            const ir::Graph& g = p.program.graph();
+            for (size_t n = 0; n < g.numNodes(); ++n) {
+              const std::string& layer = g.node(static_cast<ir::NodeId>(n)).layer;
+              if (layer.empty() || d.contains(py::str(layer))) continue;
+              d[py::str(layer)] = p.placement.node_device[n];
+            }
+            return d;
+          },
+          "dict: layer -> the device of its first node in graph order.")
       .def_property_readonly(
           "order",
           [](const Plan& p) {
@@ -155,7 +170,7 @@ void bindPlan(py::module_& m) {
 
   m.def("plan_graph", &planGraph, py::arg("graph"), py::arg("devices"), py::arg("memory"),
         py::arg("placer"), py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"),
-        py::arg("lp_time_limit_s"),
+        py::arg("lp_time_limit_s"), py::arg("pinned_layers") = std::vector<std::pair<std::string, int>>{},
         "passes::plan on a copy of graph; see modelpar.plan_graph.");
   m.def("parse_bytes", [](const std::string& text) { return passes::parseBytes(text); },
         py::arg("text"));

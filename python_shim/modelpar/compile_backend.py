@@ -10,6 +10,10 @@ a new one). For each, the backend:
 3. converts each to an ``ir::Graph`` (fx_import.py) and binds it to the C++
    interpreter (``_C.CompiledGraph``, every operator resolved now), which
    AOTAutograd then calls directly: no FX interpreter, no Python per op;
+   With ``options={"devices": N}`` (N >= 2) each graph is instead planned
+   by passes' plan() (``plan_graph``, the ``placer`` option) and run by the
+   multi-device Executor on N CPU worker devices, built once per graph
+   (Note [Backward on its forward's device]);
 4. records a ``Plan`` (plan.py) and, with ``dump_dir`` /
    ``MODELPAR_DUMP_DIR``, writes the IR text.
 
@@ -131,6 +135,28 @@ def _dynamo_inputs(gm: torch.fx.GraphModule,
     return out
 
 
+class _MultiDevice:
+    """A graph bound to a multi-device Executor, called boxed by
+    AOTAutograd (``f(args)``, args emptied); per call only the arguments
+    are passed on and the outputs picked."""
+
+    def __init__(self, executor: Any, output_map: Sequence[int],
+                 constants: Sequence[torch.Tensor]) -> None:
+        # In the instance __dict__: Dynamo's wrapper of the backward copies
+        # it with functools.wraps, which misses class attributes.
+        self._boxed_call = True
+        self.executor = executor
+        self.output_map = list(output_map)
+        self.constants = list(constants)
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        inputs = list(args)
+        args.clear()
+        inputs.extend(self.constants)
+        outs = self.executor.run(inputs)
+        return [None if o < 0 else outs[o] for o in self.output_map]
+
+
 class _Capture:
     """The AOTAutograd compilers of one Dynamo graph; they share the plan and
     the forward's seq_nr -> layer map, which the backward needs."""
@@ -141,6 +167,7 @@ class _Capture:
         self.opts = opts
         self.dynamo_inputs = dynamo_inputs
         self.layer_of_seq: dict[int, str] = {}
+        self.layer_device: dict[str, int] = {}  # devices > 1: the forward's placement by layer
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -174,8 +201,12 @@ class _Capture:
             imported = import_graph(gm, kind, f"{self.plan.name}_{kind.value}", self.describe_input,
                                     self.layer_of_seq)
             graph = parse_graph(imported.text)
-            compiled = _C.CompiledGraph(graph, imported.output_map, imported.constants)
-            compiled._boxed_call = True  # called as compiled(args); see bind_compile.cpp
+            placement = None
+            if self.opts.devices > 1:
+                placement, compiled = self.place(graph, kind, imported)
+            else:
+                compiled = _C.CompiledGraph(graph, imported.output_map, imported.constants)
+                compiled._boxed_call = True  # called as compiled(args); see bind_compile.cpp
         except UnsupportedGraph as e:
             return self.fallback(gm, kind, graph, e.what, str(e), e)
         except UnsupportedOpError as e:
@@ -186,8 +217,33 @@ class _Capture:
         if kind is GraphKind.FORWARD:
             self.layer_of_seq.update(imported.layer_of_seq)
         self.record(GraphRecord(kind.value, graph, "modelpar",
-                                compile_seconds=time.perf_counter() - start))
+                                compile_seconds=time.perf_counter() - start,
+                                placement=placement))
         return compiled
+
+    def place(self, graph: Any, kind: GraphKind, imported: Any) -> tuple[Any, "_MultiDevice"]:
+        """Plans ``graph`` on ``opts.devices`` devices and binds it to an
+        Executor on CPU workers.
+
+        Note [Backward on its forward's device]: the forward is placed by the
+        placer; the layer -> device map of that placement (the device of each
+        layer's first node) is passed as ``pinned_layers`` when the backward
+        is planned, so plan() moves every backward node of a layer to its
+        forward's device after its placer runs (PlanOptions::pinned_layers)
+        and lowers that. Saved activations are returned by the forward
+        Executor and handed to the backward one as inputs (all CPU memory);
+        gradients are produced on their layer's device. Backward nodes with
+        no layer stay where the placer put them.
+        """
+        from .executor import Executor
+        from .planning import plan_graph
+        pinned = self.layer_device if kind is GraphKind.BACKWARD else None
+        placement = plan_graph(graph, devices=self.opts.devices, placer=self.opts.placer or "m-etf",
+                               dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
+        if kind is not GraphKind.BACKWARD:
+            self.layer_device.update(placement.layer_devices)
+        ex = Executor(placement.program, devices="cpu-workers", threads_per_device=1)
+        return placement, _MultiDevice(ex, imported.output_map, imported.constants)
 
     def fallback(self, gm: torch.fx.GraphModule, kind: GraphKind, graph: Any, what: str,
                  detail: str, error: Exception) -> Callable[..., Any]:

@@ -11,9 +11,9 @@ silently ignored.
 | ``strict`` | bool | False | works: a graph the runtime cannot run is an error instead of running eagerly with a warning |
 | ``dump_dir`` | path or None | ``$MODELPAR_DUMP_DIR`` | works: write every captured graph's IR text there (the FX code of a graph that runs eagerly) |
 | ``partitioner`` | ``"default"``, ``"min_cut"`` | ``"default"`` | works: AOTAutograd's forward/backward split; ``min_cut`` recomputes cheap forward ops in the backward (phase ``recompute``) |
-| ``devices`` | int >= 1 | 1 | more than 1: not yet supported (issues 5, 7) |
+| ``devices`` | int >= 1 | 1 | works on CPU worker devices: every graph is planned (passes' plan()) and run by the multi-device Executor |
 | ``device_map`` | None, ``"cpu"``, ``"cuda"``, or a list of device strings | None | not yet supported (issue 5) |
-| ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | not yet supported (issue 7) |
+| ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | not yet supported (issue 7) |
 | ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported (issue 6) |
 | ``cuda_graphs`` | bool | False | not yet supported (issue 5) |
@@ -102,7 +102,7 @@ def _bytes(key: str, v: Any) -> int | None:
 
 def _not_yet(key: str, value: Any, issue: str) -> ConfigError:
     return ConfigError(f"modelpar options: {key}={value!r} is not yet supported ({issue}); "
-                       f"today modelpar runs every graph on one device. Leave {key} unset.")
+                       f"today modelpar runs graphs on one device or on CPU worker devices (devices=N). Leave {key} unset.")
 
 
 def resolve_options(options: Mapping[str, Any] | None = None,
@@ -152,9 +152,10 @@ def resolve_options(options: Mapping[str, Any] | None = None,
         raise _bad("trace", trace, "a file path or None")
 
     # 2. What is not built yet.
-    if devices > 1:
-        raise _not_yet("devices", devices, "multi-device plans: issues 5 and 7")
-    for key, value, issue in (("device_map", device_map, "issue 5"), ("placer", placer, "issue 7"),
+    if placer is not None and devices == 1:
+        raise ConfigError(f"modelpar options: placer={placer!r} needs devices > 1; "
+                          "give devices=N (N >= 2) or leave placer unset")
+    for key, value, issue in (("device_map", device_map, "issue 5"),
                               ("memory", options.get("memory"), "issue 7"),
                               ("pipeline", pipeline, "issue 6"), ("trace", trace, "issues 5 and 7")):
         if value is not None:

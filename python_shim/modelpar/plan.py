@@ -33,6 +33,9 @@ class GraphRecord:
     runs_on: str                # "modelpar" or "eager"
     reason: str | None = None   # why it runs eagerly
     compile_seconds: float = 0.0
+    #: With options devices > 1: the PlacementPlan it runs (placement, program,
+    #: simulated step); None on one device.
+    placement: object | None = None
 
     @property
     def text(self) -> str:
@@ -68,6 +71,9 @@ class Plan:
     def runs_on(self) -> str:
         where = {g.runs_on for g in self.graphs.values()}
         if where == {"modelpar"}:
+            if self.options.devices > 1:
+                return (f"modelpar executor, {self.options.devices} CPU worker devices "
+                        f"({self.options.placer or 'm-etf'})")
             return "modelpar C++ interpreter, 1 device"
         if where == {"eager"}:
             return "eager PyTorch (fallback)"
@@ -138,6 +144,13 @@ class Plan:
         if ops:
             top = ", ".join(f"{op} x{n}" for op, n in ops.most_common(10))
             lines.append(f"  ops ({len(ops)} distinct, most used): {top}")
+        placed = {k: r.placement for k, r in self.graphs.items() if r.placement is not None}
+        if placed:
+            step = sum(p.step_time_us for p in placed.values())
+            lines.append(f"  simulated step ({' + '.join(placed)}): {step:.1f} us")
+            for kind, p in placed.items():
+                lines.append(f"  [{kind}]")
+                lines.extend("    " + line for line in str(p).rstrip("\n").splitlines())
         return "\n".join(lines)
 
     def __str__(self) -> str:

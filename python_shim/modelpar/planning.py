@@ -106,7 +106,8 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
                machine: str | os.PathLike[str] | None = None,
                trace: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
                dump_dir: str | os.PathLike[str] | None = None,
-               lp_time_limit_s: float = 20.0) -> PlacementPlan:
+               lp_time_limit_s: float = 20.0,
+               pinned_layers: dict[str, int] | None = None) -> PlacementPlan:
     """Places ``graph`` on ``devices`` logical devices and simulates the step.
 
     Args:
@@ -126,6 +127,8 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
         dump_dir: write the IR after every pass there (default:
             ``$MODELPAR_DUMP_DIR``; ``""``: no dumps).
         lp_time_limit_s: m-SCT's LP time limit.
+        pinned_layers: layer -> device; the nodes of those layers run there
+            whatever the placer chose (PlanOptions::pinned_layers).
 
     Raises:
         ConfigError: a bad option (named, with its valid values), an
@@ -146,7 +149,8 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
                           + ", ".join(repr(p) for p in PLACERS))
     p = _C.plan_graph(graph, devices, _memory_list(memory), placer,
                       None if machine is None else os.fspath(machine), bool(coarsen),
-                      None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s))
+                      None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
+                      [(str(k), int(v)) for k, v in (pinned_layers or {}).items()])
     if trace is not None:
         p.write_trace(os.fspath(trace))
     return p

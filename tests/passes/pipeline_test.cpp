@@ -90,6 +90,22 @@ TEST(Pipeline, PlansTheDiamondAtTheHandComputedStepTime) {
   EXPECT_EQ(p.cost.profiled, 4);
 }
 
+TEST(Pipeline, PinnedLayersRunOnTheirDevicesWhateverThePlacerChose) {
+  ir::Graph g = ir::parseGraph(kDiamond);
+  for (const char* placer : {"m-topo", "m-etf", "m-sct"}) {
+    PlanOptions o = twoDevices(placer);
+    o.pinned_layers = {{"a", 1}, {"b", 1}, {"c", 0}, {"d", 0}};
+    Plan p = plan(g, o);
+    EXPECT_EQ(p.placement.node_device, (std::vector<int32_t>{1, 1, 0, 0})) << placer;
+    EXPECT_NO_THROW(checkPlacement(g, p.placement));
+    EXPECT_NO_THROW(ir::verify(p.program));
+    EXPECT_EQ(p.simulation.num_transfers, 2) << placer;  // a to 0, b to 0
+  }
+  PlanOptions bad = twoDevices();
+  bad.pinned_layers = {{"a", 2}};
+  EXPECT_THROW(plan(g, bad), ConfigError);
+}
+
 TEST(Pipeline, CoarseningKeepsCoplacedNodesTogether) {
   ir::Graph g = ir::parseGraph(kDiamondNoLayers);
   // b and c each feed only d, so co-placement groups {b, c, d}; a feeds two

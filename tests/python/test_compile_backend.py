@@ -374,12 +374,19 @@ def test_bad_options_raise_value_error_listing_valid_choices(options: dict, matc
 
 
 @pytest.mark.parametrize("options", [
-    {"devices": 2}, {"placer": "m-etf"}, {"pipeline": {"microbatches": 4}}, {"memory": "16GiB"},
+    {"pipeline": {"microbatches": 4}}, {"memory": "16GiB"}, {"devices": 2, "memory": "16GiB"},
     {"device_map": "cpu"}, {"cuda_graphs": True}, {"trace": "t.json"},
 ])
 def test_later_options_are_accepted_but_not_yet_supported(options: dict) -> None:
     with pytest.raises(modelpar.ConfigError, match="not yet supported"):
         modelpar.resolve_options(options)
+
+
+def test_devices_and_placer_options() -> None:
+    assert modelpar.resolve_options({"devices": 2}).devices == 2
+    assert modelpar.resolve_options({"devices": 4, "placer": "m-topo"}).placer == "m-topo"
+    with pytest.raises(modelpar.ConfigError, match="placer='m-etf' needs devices > 1"):
+        modelpar.resolve_options({"placer": "m-etf"})
 
 
 def test_modes() -> None:
@@ -393,11 +400,11 @@ def test_modes() -> None:
 
 
 def test_options_are_checked_before_tracing_through_torch_compile() -> None:
-    fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2})
+    fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "cuda_graphs": True})
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
         fast(torch.randn(2, 16))
     assert isinstance(err.value.inner_exception, modelpar.ConfigError)
-    assert "devices=2 is not yet supported" in str(err.value)
+    assert "cuda_graphs=True is not yet supported" in str(err.value)
     ok = torch.compile(MLP(), backend="modelpar", mode="max-autotune-no-cudagraphs")
     with pytest.warns(UserWarning, match="nothing to autotune"):
         ok(torch.randn(2, 16))
