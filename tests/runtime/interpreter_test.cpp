@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/expect_error.h"
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/allclose.h>
@@ -37,22 +39,7 @@ std::vector<IValue> run(const std::string& text, std::vector<IValue> inputs) {
   return interp.run(std::move(inputs));
 }
 
-// Runs `body` and returns the message of the `E` it must throw.
-template <typename E, typename F>
-std::string messageOf(F&& body) {
-  try {
-    body();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "threw a different exception: " << e.what();
-    return "";
-  }
-  ADD_FAILURE() << "did not throw";
-  return "";
-}
-
-#define EXPECT_HAS(haystack, needle) EXPECT_NE((haystack).find(needle), std::string::npos) << (haystack)
+using modelpar::testing::messageOf;
 
 // ---- results equal eager ATen -------------------------------------------------
 
