@@ -263,7 +263,7 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
              e.what());
   }
   ir::Graph g = input;  // every pass works on this copy
-  Instrumentation ins(o, g, o.coarsen ? 5 : 4);
+  Instrumentation ins(o, g, o.coarsen && !o.placement ? 5 : 4);
 
   // 1. cost
   CostStats cost;
@@ -277,7 +277,7 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
 
   // 2. coarsen
   Coarsening units;
-  if (o.coarsen) {
+  if (o.coarsen && !o.placement) {
     PassStats& s = ins.run(kCoarsenPassId, [&] { units = coarsen(g, o.coarsen_options); });
     s.in = static_cast<int64_t>(g.numNodes());
     s.in_what = "nodes";
@@ -294,10 +294,20 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
   // 3. place
   Placement placement;
   MSctStats msct;
-  std::string place_id = o.placer == "m-topo" ? std::string(kMTopoPassId)
-                         : o.placer == "m-sct" ? std::string(kMSctPassId)
-                                               : std::string(kMEtfPassId);
+  std::string place_id = o.placement            ? std::string(kFixedPlacementPassId)
+                         : o.placer == "m-topo" ? std::string(kMTopoPassId)
+                         : o.placer == "m-sct"  ? std::string(kMSctPassId)
+                                                : std::string(kMEtfPassId);
   PassStats& ps = ins.run(place_id, [&] {
+    if (o.placement) {  // PlanOptions::placement: checked, not placed
+      MP_CHECK(o.placement->num_devices == machine.numDevices(), ConfigError,
+               "modelpar {}: the fixed placement has {} devices but the machine {}; plan for as "
+               "many devices as the placement uses", kPlanPipelineId, o.placement->num_devices,
+               machine.numDevices());
+      checkPlacement(g, *o.placement);
+      placement = *o.placement;
+      return;
+    }
     TaskGraph tg = buildTaskGraph(g, &units);
     if (o.placer == "m-topo") {
       placement = placeMTopo(g, tg, machine, o.mtopo_uniform);
@@ -315,8 +325,9 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
   ps.in_what = "units";
   ps.out = machine.numDevices();
   ps.out_what = "devices";
-  ps.detail = fmt::format("estimated makespan {}", formatMicros(placement.makespan_us));
-  if (o.placer == "m-sct") {
+  ps.detail = o.placement ? std::string("given placement")
+                          : fmt::format("estimated makespan {}", formatMicros(placement.makespan_us));
+  if (o.placer == "m-sct" && !o.placement) {
     ps.detail += fmt::format("; {} LP{} {}x{} in {}, {}, {} favourites", msct.lp_windows,
                              msct.lp_windows == 1 ? "" : "s", msct.lp_rows, msct.lp_columns,
                              formatMicros(msct.lp_seconds * 1e6),
@@ -384,6 +395,12 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
   ins.verifyAfter(program->graph(), &*program, [] {});
   for (size_t d = 0; d < sim.devices.size(); ++d) {
     int64_t cap = machine.device(static_cast<int>(d)).memory_bytes;
+    // A fixed placement was accepted by no placer: the simulator is its check.
+    MP_CHECK(!o.placement || sim.devices[d].peak_bytes <= cap, PlanDoesNotFitError,
+             "modelpar {}: graph @{} does not fit with the fixed placement: device {} needs {} "
+             "({} bytes) at its simulated peak but has {} ({} bytes); give more memory or plan "
+             "with a placer", kPlanPipelineId, g.name(), d, formatBytes(sim.devices[d].peak_bytes),
+             sim.devices[d].peak_bytes, formatBytes(cap), cap);
     MP_INTERNAL_ASSERT(sim.devices[d].peak_bytes <= cap,
                        "{}: simulated peak memory {} on device {} exceeds its capacity {} although "
                        "{} accepted the placement", kPlanPipelineId,

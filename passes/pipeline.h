@@ -46,6 +46,7 @@
 namespace modelpar::passes {
 
 inline constexpr std::string_view kPlanPipelineId = "plan";
+inline constexpr std::string_view kFixedPlacementPassId = "fixed-placement";
 
 /// The placers plan() knows, by the names users type.
 inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
@@ -83,6 +84,16 @@ struct PlanOptions {
   /// device; the placer's makespan estimate is then stale, the
   /// simulation is not. Devices out of range are a ConfigError.
   std::vector<std::pair<std::string, int>> pinned_layers;
+  /// A fixed placement to lower and simulate instead of placing: when set,
+  /// coarsen and the placer are skipped (units: one per node) and this
+  /// placement, checked against the graph (checkPlacement) and the machine's
+  /// device count, is used as pass `fixed-placement` (pinned_layers still
+  /// apply after it). Its peak memory is checked by the simulator instead of
+  /// a placer: a device whose simulated peak exceeds its capacity is a
+  /// PlanDoesNotFitError naming the device and the bytes. How the joint
+  /// forward + backward plan is split into one Program per graph
+  /// (passes/joint.h).
+  std::optional<Placement> placement;
   /// Run pass `coarsen` (off: one placement unit per node, grouped by layer).
   bool coarsen = true;
   CoarsenOptions coarsen_options;
