@@ -212,6 +212,43 @@ std::string simulationText(const ir::Program& p, const SimulationReport& r) {
   return out + ir::print(p);
 }
 
+// Note [In-place writes to graph inputs]: a functionalized graph updates a
+// mutated input (BatchNorm's running statistics) with `aten::copy_(%input,
+// %new)`. A device other than the input's home works on a received copy, so
+// the write would be lost: every in-place node (op name ending in '_') whose
+// first argument is a graph input runs on that input's device (its
+// input_device, else its first reader's, lowering's rule), which is then
+// fixed in the placement. Returns the number of nodes moved; orders are
+// rebuilt in graph order when any moved.
+int64_t pinInputWrites(const ir::Graph& g, Placement& p) {
+  std::vector<int32_t> home(g.inputs().size(), -1);
+  for (size_t i = 0; i < home.size() && i < p.input_device.size(); ++i) home[i] = p.input_device[i];
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    for (ir::ValueId v : g.node(static_cast<ir::NodeId>(n)).inputs()) {
+      std::optional<size_t> i = g.inputIndex(v);
+      if (i && home[*i] < 0) home[*i] = p.node_device[n];
+    }
+  }
+  int64_t moved = 0;
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    const ir::Node& node = g.node(static_cast<ir::NodeId>(n));
+    if (node.op.empty() || node.op.back() != '_' || node.args.empty() || !node.args[0].isValue()) {
+      continue;
+    }
+    std::optional<size_t> i = g.inputIndex(node.args[0].toValue());
+    if (!i || home[*i] < 0 || p.node_device[n] == home[*i]) continue;
+    p.node_device[n] = home[*i];
+    ++moved;
+  }
+  if (moved == 0) return 0;
+  p.input_device = home;
+  for (auto& order : p.order) order.clear();
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    p.order[static_cast<size_t>(p.node_device[n])].push_back(static_cast<ir::NodeId>(n));
+  }
+  return moved;
+}
+
 }  // namespace
 
 DeviceModel planMachine(const PlanOptions& o) {
@@ -360,6 +397,10 @@ Plan plan(const ir::Graph& input, const PlanOptions& o) {
     }
     ps.detail += fmt::format("; {} node{} moved to pinned layers' devices", moved,
                              moved == 1 ? "" : "s");
+  }
+  if (int64_t writes = pinInputWrites(g, placement); writes > 0) {
+    ps.detail += fmt::format("; {} in-place write{} to inputs moved to the inputs' devices", writes,
+                             writes == 1 ? "" : "s");
   }
   ins.verifyAfter(g, nullptr, [&] { checkPlacement(g, placement); });
   if (ins.dumping()) ins.dump(placementText(g, placement));

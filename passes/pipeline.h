@@ -160,7 +160,10 @@ struct Plan {
   std::string summary() const;
 };
 
-/// Runs the pipeline on a copy of g. Throws:
+/// Runs the pipeline on a copy of g. Whatever the placer chose, an in-place
+/// node writing a graph input (`aten::copy_(%running_mean, ...)`) runs on
+/// that input's device, or its write would land on a copy (Note [In-place
+/// writes to graph inputs] in pipeline.cpp). Throws:
 ///   ConfigError naming the option and its valid values for a bad option
 ///     (devices < 1, an unknown placer, memory <= 0 or a count that matches
 ///     neither 1 nor the devices, a machine too small), before any pass runs;

@@ -14,6 +14,7 @@
 #include "passes/calibrate.h"
 #include "passes/chrome_trace.h"
 #include "passes/cost_model.h"
+#include "passes/joint.h"
 #include "passes/pipeline.h"
 
 namespace py = pybind11;
@@ -27,11 +28,10 @@ std::string nodeName(const ir::Graph& g, ir::NodeId n) {
   return node.outputs.empty() ? node.label : g.value(node.outputs[0]).name;
 }
 
-passes::Plan planGraph(const ir::Graph& g, std::optional<int> devices,
-                       std::vector<int64_t> memory, std::string placer,
-                       std::optional<std::string> machine, bool coarsen,
-                       std::optional<std::string> dump_dir, double lp_time_limit_s,
-                       std::vector<std::pair<std::string, int>> pinned_layers) {
+passes::PlanOptions planOptions(std::optional<int> devices, std::vector<int64_t> memory,
+                                std::string placer, bool coarsen,
+                                std::optional<std::string> dump_dir, double lp_time_limit_s,
+                                std::vector<std::pair<std::string, int>> pinned_layers) {
   passes::PlanOptions o;
   o.pinned_layers = std::move(pinned_layers);
   o.devices = devices;
@@ -41,9 +41,42 @@ passes::Plan planGraph(const ir::Graph& g, std::optional<int> devices,
   o.dump_dir = std::move(dump_dir);
   o.msct_lp_time_limit_s = lp_time_limit_s;
   o.record_timeline = true;  // write_trace works on every plan
+  return o;
+}
+
+passes::Plan planGraph(const ir::Graph& g, std::optional<int> devices,
+                       std::vector<int64_t> memory, std::string placer,
+                       std::optional<std::string> machine, bool coarsen,
+                       std::optional<std::string> dump_dir, double lp_time_limit_s,
+                       std::vector<std::pair<std::string, int>> pinned_layers) {
+  passes::PlanOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
+                                      std::move(dump_dir), lp_time_limit_s,
+                                      std::move(pinned_layers));
   py::gil_scoped_release no_gil;
   if (machine) o.machine = passes::DeviceModel::load(*machine);
   return passes::plan(g, o);
+}
+
+// passes::planJoint: (joint plan, forward plan, backward plan, backward nodes
+// moved to their layer's forward device, gradient producers moved).
+std::tuple<passes::Plan, passes::Plan, passes::Plan, int64_t, int64_t> planJoint(
+    const ir::Graph& fw, const ir::Graph& bw,
+    const std::vector<std::pair<std::string, std::string>>& saved,
+    const std::vector<std::pair<std::string, std::string>>& tangents,
+    const std::vector<std::pair<int, int>>& gradients, std::optional<int> devices,
+    std::vector<int64_t> memory, std::string placer, std::optional<std::string> machine,
+    bool coarsen, std::optional<std::string> dump_dir, double lp_time_limit_s) {
+  passes::PlanOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
+                                      std::move(dump_dir), lp_time_limit_s, {});
+  passes::JointPlanOptions jo;
+  for (const auto& [b, f] : saved) jo.saved.push_back({b, f});
+  for (const auto& [b, f] : tangents) jo.tangents.push_back({b, f});
+  jo.gradients = gradients;
+  py::gil_scoped_release no_gil;
+  if (machine) o.machine = passes::DeviceModel::load(*machine);
+  passes::JointPlan jp = passes::planJoint(fw, bw, jo, o);
+  return {std::move(jp.joint), std::move(jp.forward), std::move(jp.backward),
+          jp.moved_to_layer_device, jp.moved_to_parameter_device};
 }
 
 }  // namespace
@@ -98,6 +131,33 @@ void bindPlan(py::module_& m) {
             return out;
           },
           "Per device, the node names in execution order.")
+      .def_property_readonly(
+          "value_devices",
+          [](const Plan& p) {
+            py::dict d;
+            const ir::Graph& g = p.program.graph();
+            for (const ir::Input& in : g.inputs()) {
+              d[py::str(g.value(in.value).name)] = in.device.value_or(-1);
+            }
+            for (size_t n = 0; n < g.numNodes(); ++n) {
+              for (ir::ValueId v : g.node(static_cast<ir::NodeId>(n)).outputs) {
+                d[py::str(g.value(v).name)] = p.placement.node_device[n];
+              }
+            }
+            return d;
+          },
+          "dict: every value name (inputs and node outputs) -> the device it is made on.")
+      .def_property_readonly(
+          "input_devices",
+          [](const Plan& p) {
+            py::dict d;
+            const ir::Graph& g = p.program.graph();
+            for (const ir::Input& in : g.inputs()) {
+              d[py::str(g.value(in.value).name)] = in.device.value_or(-1);
+            }
+            return d;
+          },
+          "dict: graph input name -> the device it is bound on.")
       .def_property_readonly("placer", [](const Plan& p) { return p.placement.placer; })
       .def_property_readonly("num_devices", [](const Plan& p) { return p.placement.num_devices; })
       .def_property_readonly("num_units", [](const Plan& p) { return p.units.num_units; })
@@ -172,6 +232,11 @@ void bindPlan(py::module_& m) {
         py::arg("placer"), py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"),
         py::arg("lp_time_limit_s"), py::arg("pinned_layers") = std::vector<std::pair<std::string, int>>{},
         "passes::plan on a copy of graph; see modelpar.plan_graph.");
+  m.def("plan_joint", &planJoint, py::arg("forward"), py::arg("backward"), py::arg("saved"),
+        py::arg("tangents"), py::arg("gradients"), py::arg("devices"), py::arg("memory"), py::arg("placer"),
+        py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"), py::arg("lp_time_limit_s"),
+        "passes::planJoint: forward and backward planned as one, split into one plan each; "
+        "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
   m.def("parse_bytes", [](const std::string& text) { return passes::parseBytes(text); },
         py::arg("text"));
   m.def("format_bytes", &passes::formatBytes, py::arg("bytes"));

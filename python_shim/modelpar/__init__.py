@@ -45,6 +45,7 @@ from .planning import (
     PlacementPlan,
     parse_bytes,
     plan_graph,
+    plan_joint,
 )
 
 __all__ = [
@@ -82,6 +83,7 @@ __all__ = [
     "parse_graph",
     "parse_program",
     "plan_graph",
+    "plan_joint",
     "plans",
     "reset_device_counters",
     "resolve_options",

@@ -10,10 +10,12 @@ a new one). For each, the backend:
 3. converts each to an ``ir::Graph`` (fx_import.py) and binds it to the C++
    interpreter (``_C.CompiledGraph``, every operator resolved now), which
    AOTAutograd then calls directly: no FX interpreter, no Python per op;
-   With ``options={"devices": N}`` (N >= 2) each graph is instead planned
-   by passes' plan() (``plan_graph``, the ``placer`` option) and run by the
-   multi-device Executor on N CPU worker devices, built once per graph
-   (Note [Backward on its forward's device]);
+   With ``options={"devices": N}`` (N >= 2; or ``memory``, ``trace``, a
+   CUDA ``device_map``) the forward and backward are instead planned as one
+   (Note [Forward and backward placed as one]) and each runs on the
+   multi-device Executor, built once per graph; an inference graph is
+   planned alone. Each step's wall time is recorded in the plan, and with
+   ``trace`` the measured and simulated Chrome traces are written;
 4. records a ``Plan`` (plan.py) and, with ``dump_dir`` /
    ``MODELPAR_DUMP_DIR``, writes the IR text.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -71,8 +74,15 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
     opts = resolve_options(options, mode)
     plan = new_plan(*_user_code(gm), opts)
     capture = _Capture(plan, opts, _dynamo_inputs(gm, example_inputs))
-    partition = (min_cut_rematerialization_partition if opts.partitioner == "min_cut"
-                 else default_partition)
+    partitioner = (min_cut_rematerialization_partition if opts.partitioner == "min_cut"
+                   else default_partition)
+
+    def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
+        fw_module, bw_module = partitioner(joint_module, joint_inputs, **kwargs)
+        if opts.planned:
+            capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"))
+        return fw_module, bw_module
+
     aot = aot_autograd(fw_compiler=capture.forward, bw_compiler=capture.backward,
                        inference_compiler=capture.inference, partition_fn=partition,
                        # Buffer updates of inference graphs (BatchNorm's running
@@ -138,23 +148,39 @@ def _dynamo_inputs(gm: torch.fx.GraphModule,
 class _MultiDevice:
     """A graph bound to a multi-device Executor, called boxed by
     AOTAutograd (``f(args)``, args emptied); per call only the arguments
-    are passed on and the outputs picked."""
+    are passed on and the outputs picked, and the step's wall time goes to
+    the plan (``Plan.record_run``)."""
 
     def __init__(self, executor: Any, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor]) -> None:
+                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind) -> None:
         # In the instance __dict__: Dynamo's wrapper of the backward copies
         # it with functools.wraps, which misses class attributes.
         self._boxed_call = True
         self.executor = executor
         self.output_map = list(output_map)
         self.constants = list(constants)
+        self.plan = plan
+        self.kind = kind.value
 
     def __call__(self, args: list[Any]) -> list[Any]:
         inputs = list(args)
         args.clear()
         inputs.extend(self.constants)
+        start = time.perf_counter_ns()
         outs = self.executor.run(inputs)
+        self.plan.record_run(self.kind, self.executor, start, time.perf_counter_ns())
         return [None if o < 0 else outs[o] for o in self.output_map]
+
+
+@dataclass
+class _JointPlans:
+    """What the partitioner planned for the two graphs (Note [Forward and
+    backward placed as one]): the IR text each was planned from and its
+    PlacementPlan, and the joint plan."""
+    texts: dict[str, str]
+    plans: dict[str, Any]
+    joint: Any
+    moved: tuple[int, int]
 
 
 class _Capture:
@@ -167,7 +193,8 @@ class _Capture:
         self.opts = opts
         self.dynamo_inputs = dynamo_inputs
         self.layer_of_seq: dict[int, str] = {}
-        self.layer_device: dict[str, int] = {}  # devices > 1: the forward's placement by layer
+        self.layer_device: dict[str, int] = {}  # planned: the forward's placement by layer
+        self.joint: _JointPlans | None = None
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -202,7 +229,7 @@ class _Capture:
                                     self.layer_of_seq)
             graph = parse_graph(imported.text)
             placement = None
-            if self.opts.devices > 1:
+            if self.opts.planned:
                 placement, compiled = self.place(graph, kind, imported)
             else:
                 compiled = _C.CompiledGraph(graph, imported.output_map, imported.constants)
@@ -221,29 +248,107 @@ class _Capture:
                                 placement=placement))
         return compiled
 
-    def place(self, graph: Any, kind: GraphKind, imported: Any) -> tuple[Any, "_MultiDevice"]:
-        """Plans ``graph`` on ``opts.devices`` devices and binds it to an
-        Executor on CPU workers.
+    def plan_joint(self, fw_module: torch.fx.GraphModule, bw_module: torch.fx.GraphModule,
+                   num_fwd_outputs: int | None = None) -> None:
+        """Plans the forward and backward graphs as one, from the
+        partitioner (Note [Forward and backward placed as one]).
 
-        Note [Backward on its forward's device]: the forward is placed by the
-        placer; the layer -> device map of that placement (the device of each
-        layer's first node) is passed as ``pinned_layers`` when the backward
-        is planned, so plan() moves every backward node of a layer to its
-        forward's device after its placer runs (PlanOptions::pinned_layers)
-        and lowers that. Saved activations are returned by the forward
-        Executor and handed to the backward one as inputs (all CPU memory);
-        gradients are produced on their layer's device. Backward nodes with
-        no layer stay where the placer put them.
+        Raises:
+            PlanDoesNotFitError: the step does not fit ``memory``.
+            ConfigError: a bad option.
+        """
+        from .planning import plan_joint
+        name = self.plan.name
+        try:
+            fw = import_graph(fw_module, GraphKind.FORWARD, f"{name}_forward", self.describe_input,
+                              self.layer_of_seq)
+            seqs = {**self.layer_of_seq, **fw.layer_of_seq}
+            bw = import_graph(bw_module, GraphKind.BACKWARD, f"{name}_backward",
+                              self.describe_input, seqs)
+            fw_graph, bw_graph = parse_graph(fw.text), parse_graph(bw.text)
+        except (UnsupportedGraph, UnsupportedOpError, InvalidIrError):
+            return  # fw_compiler / bw_compiler fall back, each graph on its own
+        # A backward placeholder named like a forward node is the value the
+        # forward saved for it; the rest are tangents.
+        fw_nodes = {n.name for n in fw_module.graph.nodes if n.op != "output"}
+        saved = [(bw.value_names[n.name], fw.value_names[n.name])
+                 for n in bw_module.graph.nodes
+                 if n.op == "placeholder" and n.name in fw_nodes
+                 and n.name in bw.value_names and n.name in fw.value_names]
+        # Tangents are the gradients of the forward's user outputs (the first
+        # num_fwd_outputs), in order, skipping outputs that need none: pair
+        # each with the next user output of its type.
+        bw_ph = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
+        fw_out = next(n for n in fw_module.graph.nodes if n.op == "output").args[0]
+        user_outs = [o for o in fw_out[:num_fwd_outputs or 0] if isinstance(o, torch.fx.Node)]
+        tangents = []
+        for t in (n for n in bw_ph if n.name.startswith("tangents_")):
+            tval = t.meta.get("val")
+            while user_outs:
+                o = user_outs.pop(0)
+                oval = o.meta.get("val")
+                if (isinstance(tval, torch.Tensor) and isinstance(oval, torch.Tensor)
+                        and tval.shape == oval.shape and tval.dtype == oval.dtype):
+                    if t.name in bw.value_names and o.name in fw.value_names:
+                        tangents.append((bw.value_names[t.name], fw.value_names[o.name]))
+                    break
+        # AOTAutograd's backward returns one gradient per forward input, in order.
+        fw_inputs = [n for n in fw_module.graph.nodes if n.op == "placeholder"]
+        gradients = []
+        if len(bw.output_map) == len(fw_inputs):
+            gradients = [(o, k) for k, o in enumerate(bw.output_map) if o >= 0]
+        joint, fw_plan, bw_plan, moved_layer, moved_param = plan_joint(
+            fw_graph, bw_graph, saved, tangents, gradients, devices=self.opts.devices,
+            memory=self.opts.memory, placer=self.opts.placer or "m-etf",
+            dump_dir=self.opts.dump_dir or "")
+        self.joint = _JointPlans({"forward": fw.text, "backward": bw.text},
+                                 {"forward": fw_plan, "backward": bw_plan}, joint,
+                                 (moved_layer, moved_param))
+        self.plan.joint = joint
+
+    def place(self, graph: Any, kind: GraphKind, imported: Any) -> tuple[Any, "_MultiDevice"]:
+        """The plan of ``graph`` on ``opts.devices`` devices, and the
+        graph bound to an Executor on ``opts.device_map``.
+
+        Note [Forward and backward placed as one]: AOTAutograd's partitioner
+        splits the joint graph into a forward, which returns the values it
+        saves, and a backward, which takes them. ``plan_joint`` (called from
+        the wrapped ``partition_fn``, before either compiler) imports both,
+        joins them into one IR graph (the backward's saved-value
+        placeholders *are* the forward values of the same FX name; tangents
+        are inputs), plans it once with plan() and splits the placement
+        (passes/joint.h): a layer's backward runs on its forward's device
+        (coarsening groups a layer's nodes across phases; planJoint moves any
+        that are not), each gradient is produced on its parameter's device,
+        and the backward's input for a saved value is bound on the device
+        that produced it: the Executor places an input on its ``device``
+        attribute, so nothing moves between the two graphs. The forward and
+        backward compilers then bind the stashed Programs, when the graph
+        they get is the one planned (its IR text is the same).
+
+        Note [Backward on its forward's device]: the fallback when there is
+        no joint plan (a graph the partitioner's import could not take, or a
+        compiler handed a different graph): each graph is planned alone; the
+        forward's layer -> device map (the device of each layer's first
+        node) is passed as ``pinned_layers`` when the backward is planned
+        (PlanOptions::pinned_layers). Inference graphs are planned alone.
         """
         from .executor import Executor
         from .planning import plan_graph
-        pinned = self.layer_device if kind is GraphKind.BACKWARD else None
-        placement = plan_graph(graph, devices=self.opts.devices, placer=self.opts.placer or "m-etf",
-                               dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
+        joint = self.joint if kind is not GraphKind.INFERENCE else None
+        if joint is not None and joint.texts.get(kind.value) == imported.text:
+            placement = joint.plans[kind.value]
+        else:
+            pinned = self.layer_device if kind is GraphKind.BACKWARD else None
+            placement = plan_graph(graph, devices=self.opts.devices,
+                                   memory=self.opts.memory,
+                                   placer=self.opts.placer or "m-etf",
+                                   dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:
             self.layer_device.update(placement.layer_devices)
-        ex = Executor(placement.program, devices="cpu-workers", threads_per_device=1)
-        return placement, _MultiDevice(ex, imported.output_map, imported.constants)
+        ex = Executor(placement.program, devices=self.opts.executor_devices, threads_per_device=1,
+                      record_trace=self.opts.trace is not None)
+        return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind)
 
     def fallback(self, gm: torch.fx.GraphModule, kind: GraphKind, graph: Any, what: str,
                  detail: str, error: Exception) -> Callable[..., Any]:

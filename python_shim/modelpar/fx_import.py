@@ -80,6 +80,8 @@ class ImportedGraph:
     constants: list[torch.Tensor]
     #: seq_nr -> layer of this graph's nodes (a forward graph hands it to its backward).
     layer_of_seq: dict[int, str] = field(default_factory=dict)
+    #: FX node name -> the IR value it became (placeholders and single-value nodes).
+    value_names: dict[str, str] = field(default_factory=dict)
 
 
 # ---- types ---------------------------------------------------------------------
@@ -273,8 +275,9 @@ class _Importer:
         body = "".join(f"  {line}\n" for line in self.lines)
         ret = ", ".join(f"%{o}" for o in self.outputs)
         text = f"graph @{self.name}({head}) {{\n{body}  return {ret}\n}}\n"
+        names = {n.name: r for n, r in self.env.items() if isinstance(r, str)}
         return ImportedGraph(self.name, self.kind, text, self.output_map, self.constants,
-                             self.layer_of_seq)
+                             self.layer_of_seq, names)
 
     # -- node kinds --
 

@@ -11,13 +11,17 @@ silently ignored.
 | ``strict`` | bool | False | works: a graph the runtime cannot run is an error instead of running eagerly with a warning |
 | ``dump_dir`` | path or None | ``$MODELPAR_DUMP_DIR`` | works: write every captured graph's IR text there (the FX code of a graph that runs eagerly) |
 | ``partitioner`` | ``"default"``, ``"min_cut"`` | ``"default"`` | works: AOTAutograd's forward/backward split; ``min_cut`` recomputes cheap forward ops in the backward (phase ``recompute``) |
-| ``devices`` | int >= 1 | 1 | works on CPU worker devices: every graph is planned (passes' plan()) and run by the multi-device Executor |
-| ``device_map`` | None, ``"cpu"``, ``"cuda"``, or a list of device strings | None | not yet supported (issue 5) |
+| ``devices`` | int >= 1 | 1 | works: with N >= 2 the forward and backward graphs are planned as one (passes' planJoint: a layer's backward on its forward's device, saved activations where they were produced) and each runs on the multi-device Executor |
+| ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
-| ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | not yet supported (issue 7) |
+| ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
 | ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported (issue 6) |
 | ``cuda_graphs`` | bool | False | not yet supported (issue 5) |
-| ``trace`` | None or a path for a Chrome trace | None | not yet supported (issues 5, 7) |
+| ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
+
+Any of ``devices`` > 1, ``memory``, ``trace`` or a CUDA ``device_map``
+plans the graphs (``CompileOptions.planned``) and runs them on the
+Executor; otherwise a graph runs on the one-device C++ interpreter.
 
 ``mode``: ``"default"`` (or None); ``"max-autotune"`` and
 ``"max-autotune-no-cudagraphs"`` are accepted and behave like the default
@@ -42,6 +46,7 @@ VALID_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cu
 _PLACERS = ("m-topo", "m-etf", "m-sct")
 _PARTITIONERS = ("default", "min_cut")
 _PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint")
+_CUDA_K = re.compile(r"^cuda:\d+$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
@@ -62,6 +67,23 @@ class CompileOptions:
     cuda_graphs: bool = False
     trace: str | None = None
     mode: str = "default"
+
+    @property
+    def planned(self) -> bool:
+        """Whether graphs are planned by passes' plan() and run by the
+        multi-device Executor (else: the one-device interpreter)."""
+        return (self.devices > 1 or self.memory is not None or self.trace is not None
+                or self.device_map not in (None, "cpu"))
+
+    @property
+    def executor_devices(self) -> str:
+        """The Executor's device map: ``"cpu-workers"``, ``"cuda"``,
+        ``"cuda:K"`` or ``"cuda:0,cuda:1"``."""
+        if self.device_map in (None, "cpu"):
+            return "cpu-workers"
+        if isinstance(self.device_map, str):
+            return self.device_map
+        return ",".join(self.device_map)
 
     def non_default(self) -> dict[str, Any]:
         """The options that differ from their defaults (for summaries)."""
@@ -105,6 +127,21 @@ def _not_yet(key: str, value: Any, issue: str) -> ConfigError:
                        f"today modelpar runs graphs on one device or on CPU worker devices (devices=N). Leave {key} unset.")
 
 
+def _check_cuda(device_map: Any) -> None:
+    """ConfigError unless the Executor's CUDA devices exist here."""
+    from . import _C
+    why = None
+    if not _C.cuda_devices_built():
+        why = "this build of modelpar has no CUDA devices (built without CUDA)"
+    elif _C.cuda_device_count() < 1:
+        why = "this machine has no GPU"
+    if why:
+        raise ConfigError(f"modelpar options: device_map={device_map!r} needs the executor's CUDA "
+                          f"devices, which exist only in a CUDA build of modelpar on a machine with "
+                          f"a GPU; {why}. Leave device_map unset (or 'cpu') to run on CPU worker "
+                          f"devices")
+
+
 def resolve_options(options: Mapping[str, Any] | None = None,
                     mode: str | None = None) -> CompileOptions:
     """Validates ``options`` and ``mode`` as ``torch.compile`` passes them.
@@ -132,9 +169,14 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     if not isinstance(devices, int) or isinstance(devices, bool) or devices < 1:
         raise _bad("devices", devices, "an int >= 1")
     device_map = options.get("device_map")
+    if isinstance(device_map, tuple):
+        device_map = list(device_map)
     if not (device_map is None or device_map in ("cpu", "cuda")
-            or (isinstance(device_map, (list, tuple)) and all(isinstance(d, str) for d in device_map))):
-        raise _bad("device_map", device_map, "None, 'cpu', 'cuda' or a list of device strings")
+            or (isinstance(device_map, str) and _CUDA_K.match(device_map))
+            or (isinstance(device_map, list) and device_map
+                and all(isinstance(d, str) and _CUDA_K.match(d) for d in device_map))):
+        raise _bad("device_map", device_map, "None, 'cpu', 'cuda', 'cuda:K' or a list of 'cuda:K' "
+                   "strings, one per device")
     placer = options.get("placer")
     if placer is not None:
         _choice("placer", placer, _PLACERS)
@@ -155,11 +197,13 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     if placer is not None and devices == 1:
         raise ConfigError(f"modelpar options: placer={placer!r} needs devices > 1; "
                           "give devices=N (N >= 2) or leave placer unset")
-    for key, value, issue in (("device_map", device_map, "issue 5"),
-                              ("memory", options.get("memory"), "issue 7"),
-                              ("pipeline", pipeline, "issue 6"), ("trace", trace, "issues 5 and 7")):
-        if value is not None:
-            raise _not_yet(key, value, issue)
+    if isinstance(device_map, list) and len(device_map) != devices:
+        raise ConfigError(f"modelpar options: device_map={device_map!r} names {len(device_map)} "
+                          f"devices but devices={devices}; give one device per logical device")
+    if device_map not in (None, "cpu"):
+        _check_cuda(device_map)
+    if pipeline is not None:
+        raise _not_yet("pipeline", pipeline, "issue 6")
     if cuda_graphs:
         raise _not_yet("cuda_graphs", True, "issue 5")
     if mode == "reduce-overhead":

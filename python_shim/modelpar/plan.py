@@ -5,17 +5,35 @@ graph (forward and backward for training, inference for no-grad calls),
 where each runs, and where it came from in the user's code. ``print(plan)``
 shows a summary; ``plan.write_ir(folder)`` writes the IR text.
 ``modelpar.plans()`` lists them, newest last.
+
+With planned options (``devices`` > 1, ``memory``, ``trace``, a CUDA
+``device_map``) a plan also reports the placement (``joint``: forward and
+backward planned as one; ``placement``), the simulated step
+(``simulated_step_us``), and, once the compiled function has run, the
+measured one: ``measured_step_us`` (the last step's wall time of the
+forward plus the backward executor) and ``measured_median_us`` (over all
+steps, ``step_times_us``); with ``trace`` the Chrome traces written after
+each step (``trace_path``, ``simulated_trace_path``). Example::
+
+    fast = torch.compile(model, backend="modelpar", options={"devices": 2, "trace": "step.json"})
+    fast(x).sum().backward()
+    p = modelpar.plans()[-1]
+    p.simulated_step_us, p.measured_step_us, p.trace_path   # ..., ..., "step.json"
+    print(p)
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import json
 import os
 import re
+import statistics
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ._C import Graph, graph_input_roles, graph_nodes
 from .options import CompileOptions
@@ -52,6 +70,92 @@ class Plan:
     resumed_at: int | None      # the line of the graph break this piece starts after
     options: CompileOptions
     graphs: dict[str, GraphRecord] = field(default_factory=dict)
+    #: The PlacementPlan of the joint forward + backward graph (planned
+    #: training graphs; None otherwise). Its step is the simulated step.
+    joint: Any = None
+    #: Measured wall time of each completed step (forward + backward
+    #: executors, or the inference executor), microseconds, oldest first.
+    step_times_us: list[float] = field(default_factory=list)
+    #: Where the last step's measured / simulated Chrome traces were written.
+    trace_path: str | None = None
+    simulated_trace_path: str | None = None
+    _pending_forward: Any = field(default=None, repr=False)
+
+    @property
+    def simulated_step_us(self) -> float | None:
+        """The simulated step: the joint plan's, else the sum of the planned
+        graphs' (None when nothing was planned)."""
+        if self.joint is not None:
+            return self.joint.step_time_us
+        placed = [r.placement for r in self.graphs.values() if r.placement is not None]
+        return sum(p.step_time_us for p in placed) if placed else None
+
+    @property
+    def measured_step_us(self) -> float | None:
+        """The last step's measured wall time (None before a step ran)."""
+        return self.step_times_us[-1] if self.step_times_us else None
+
+    @property
+    def measured_median_us(self) -> float | None:
+        """The median of the measured steps (None before a step ran)."""
+        return statistics.median(self.step_times_us) if self.step_times_us else None
+
+    @property
+    def placement(self) -> dict[str, int]:
+        """Node name -> device: of the joint graph, else of every planned
+        graph (names of the backward prefixed ``backward:``)."""
+        if self.joint is not None:
+            return dict(self.joint.placement)
+        out: dict[str, int] = {}
+        for kind, rec in self.graphs.items():
+            if rec.placement is not None:
+                prefix = "" if kind != "backward" else "backward:"
+                out.update({prefix + k: v for k, v in rec.placement.placement.items()})
+        return out
+
+    def record_run(self, kind: str, executor: Any, start_ns: int, end_ns: int) -> None:
+        """Called by the compiled graph after each executor run: a forward
+        waits for its backward; a backward or inference run completes a step
+        (its time is recorded and, with ``trace``, the traces written)."""
+        if kind == "forward":
+            self._pending_forward = (kind, executor, start_ns, end_ns)
+            return
+        runs = [(kind, executor, start_ns, end_ns)]
+        if kind == "backward" and self._pending_forward is not None:
+            runs.insert(0, self._pending_forward)
+        self._pending_forward = None
+        self.step_times_us.append(sum(e - s for _, _, s, e in runs) / 1e3)
+        if self.options.trace:
+            self._write_traces(runs)
+
+    def _write_traces(self, runs: list[tuple[str, Any, int, int]]) -> None:
+        path = Path(self.options.trace)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        events: list[dict] = []
+        seen: set[str] = set()
+        t0 = runs[0][2]
+        for graph, executor, start, _end in runs:
+            shift = (start - t0) / 1e3  # the backward's events after the forward's
+            for e in json.loads(executor.chrome_trace())["traceEvents"]:
+                if e.get("ph") == "M":
+                    key = json.dumps(e, sort_keys=True)
+                    if key in seen:
+                        continue
+                    seen.add(key)
+                elif "ts" in e:
+                    e["ts"] = e["ts"] + shift
+                    e.setdefault("args", {})["graph"] = graph
+                events.append(e)
+        path.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
+        self.trace_path = str(path)
+        simulated = self.joint
+        if simulated is None:
+            placed = [r.placement for r in self.graphs.values() if r.placement is not None]
+            simulated = placed[-1] if placed else None
+        if simulated is not None:
+            sim_path = path.with_name(path.stem + ".simulated.json")
+            simulated.write_trace(str(sim_path))
+            self.simulated_trace_path = str(sim_path)
 
     @property
     def name(self) -> str:
@@ -71,8 +175,10 @@ class Plan:
     def runs_on(self) -> str:
         where = {g.runs_on for g in self.graphs.values()}
         if where == {"modelpar"}:
-            if self.options.devices > 1:
-                return (f"modelpar executor, {self.options.devices} CPU worker devices "
+            if self.options.planned:
+                on = self.options.executor_devices
+                what = "CPU worker devices" if on == "cpu-workers" else f"devices on {on}"
+                return (f"modelpar executor, {self.options.devices} {what} "
                         f"({self.options.placer or 'm-etf'})")
             return "modelpar C++ interpreter, 1 device"
         if where == {"eager"}:
@@ -145,12 +251,28 @@ class Plan:
             top = ", ".join(f"{op} x{n}" for op, n in ops.most_common(10))
             lines.append(f"  ops ({len(ops)} distinct, most used): {top}")
         placed = {k: r.placement for k, r in self.graphs.items() if r.placement is not None}
-        if placed:
-            step = sum(p.step_time_us for p in placed.values())
-            lines.append(f"  simulated step ({' + '.join(placed)}): {step:.1f} us")
-            for kind, p in placed.items():
-                lines.append(f"  [{kind}]")
-                lines.extend("    " + line for line in str(p).rstrip("\n").splitlines())
+        if self.joint is not None:
+            lines.append(f"  simulated step (forward and backward placed as one): "
+                         f"{self.joint.step_time_us:.1f} us")
+        elif placed:
+            lines.append(f"  simulated step ({' + '.join(placed)}): "
+                         f"{sum(p.step_time_us for p in placed.values()):.1f} us")
+        if placed or self.joint is not None:
+            if self.step_times_us:
+                lines.append(f"  measured step: {self.measured_step_us:.1f} us (last), median "
+                             f"{self.measured_median_us:.1f} us over {len(self.step_times_us)} "
+                             f"step{'s' if len(self.step_times_us) != 1 else ''}")
+            else:
+                lines.append("  measured step: not run yet")
+            if self.trace_path:
+                lines.append(f"  traces: measured {self.trace_path}, simulated "
+                             f"{self.simulated_trace_path}")
+        if self.joint is not None:
+            lines.append("  [joint]")
+            lines.extend("    " + line for line in str(self.joint).rstrip("\n").splitlines())
+        for kind, p in placed.items():
+            lines.append(f"  [{kind}]")
+            lines.extend("    " + line for line in str(p).rstrip("\n").splitlines())
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -31,7 +31,7 @@ if TYPE_CHECKING:
     from .plan import Plan
 
 __all__ = ["PLACERS", "PlacementPlan", "CapturedPlacement", "calibrated_machine", "example_inputs",
-           "parse_bytes", "plan_graph", "place_captured", "profile_graph"]
+           "parse_bytes", "plan_graph", "plan_joint", "place_captured", "profile_graph"]
 
 #: The placers plan_graph knows, by name.
 PLACERS: tuple[str, ...] = tuple(_C.plan_placers()) if hasattr(_C, "plan_placers") else ()
@@ -154,6 +154,44 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
     if trace is not None:
         p.write_trace(os.fspath(trace))
     return p
+
+
+def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]],
+               tangents: Sequence[tuple[str, str]] = (), gradients: Sequence[tuple[int, int]] = (), devices: int | None = None,
+               memory: MemoryArg = None, placer: str = "m-etf",
+               machine: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
+               dump_dir: str | os.PathLike[str] | None = None,
+               lp_time_limit_s: float = 20.0) -> tuple[Any, Any, Any, int, int]:
+    """Plans a training step's forward and backward graphs as one
+    (passes/joint.h): joins them (``saved``: ``(backward input, forward
+    value)`` name pairs; ``tangents``: ``(backward input, forward output)``
+    pairs, each tangent the gradient of that output, made after it in the
+    joint graph; other backward inputs stay inputs), plans the
+    joint graph with ``plan_graph``'s pipeline, moves any backward node off
+    its layer's forward device back to it and each gradient's producer to
+    its parameter's device (``gradients``: ``(backward output index,
+    forward input index)``), and splits the placement into one plan per
+    graph; saved values are bound on the device that produced them.
+
+    Returns:
+        ``(joint, forward, backward, moved_to_layer_device,
+        moved_to_parameter_device)``: three ``PlacementPlan`` s (the joint's
+        step is the training step's) and the two move counts.
+
+    Raises:
+        ConfigError: a bad option.
+        PlanDoesNotFitError: the joint graph does not fit the memory (names
+            the layer, the device and the bytes).
+        InvalidIrError: a link naming no value, or of mismatched types.
+    """
+    _require_passes()
+    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)):
+        raise ConfigError(f"modelpar plan: devices={devices!r} is not valid; devices takes an "
+                          f"int from 1 to 64")
+    return _C.plan_joint(forward, backward, [(str(b), str(f)) for b, f in saved],
+                         [(str(b), str(f)) for b, f in tangents], [(int(o), int(i)) for o, i in gradients], devices, _memory_list(memory),
+                         placer, None if machine is None else os.fspath(machine), bool(coarsen),
+                         None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s))
 
 
 _DTYPES = {"bool": torch.bool, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,

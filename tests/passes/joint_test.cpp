@@ -209,3 +209,36 @@ TEST(Joint, PlanFromAFixedPlacementLowersItAndChecksMemory) {
 
 }  // namespace
 }  // namespace modelpar::passes
+
+namespace modelpar::passes {
+namespace {
+
+// Note [In-place writes to graph inputs]: the copy_ that updates %rm must run
+// where %rm lives (its first reader's device, 0), wherever it was placed.
+TEST(Joint, InPlaceWritesToGraphInputsRunOnTheInputsDevice) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @bn(%x: f32[256] input, %rm: f32[256] buffer) {
+  %a: f32[256] = aten::add.Tensor(%x, %rm) {cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::copy_(%rm, %b) {cost={time_us=1.0, out=1024, temp=0, persist=0}}
+  return %b
+}
+)");
+  Placement p;
+  p.num_devices = 2;
+  p.node_device = {0, 1, 1};
+  p.order = {{0}, {1, 2}};
+  PlanOptions o = twoDevices();
+  o.placement = p;
+  Plan out = plan(g, o);
+  EXPECT_EQ(out.placement.node_device, (std::vector<int32_t>{0, 1, 0}));
+  EXPECT_EQ(inputDevice(out, "rm"), 0);
+  EXPECT_HAS(out.stats[1].detail, "1 in-place write to inputs moved to the inputs' devices");
+  // Without a fixed placement too (one device for every layerless node here,
+  // or any split): the write is on %rm's device.
+  Plan placed = plan(g, twoDevices());
+  EXPECT_EQ(nodeDevice(placed, "c"), inputDevice(placed, "rm"));
+}
+
+}  // namespace
+}  // namespace modelpar::passes
