@@ -305,6 +305,7 @@ class _Capture:
                                  {"forward": fw_plan, "backward": bw_plan}, joint,
                                  (moved_layer, moved_param))
         self.plan.joint = joint
+        self.plan.joint_links = {"saved": saved, "tangents": tangents, "gradients": gradients}
 
     def place(self, graph: Any, kind: GraphKind, imported: Any) -> tuple[Any, "_MultiDevice"]:
         """The plan of ``graph`` on ``opts.devices`` devices, and the

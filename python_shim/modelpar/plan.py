@@ -73,6 +73,9 @@ class Plan:
     #: The PlacementPlan of the joint forward + backward graph (planned
     #: training graphs; None otherwise). Its step is the simulated step.
     joint: Any = None
+    #: How the two graphs were joined (``modelpar.plan_joint``'s ``saved``,
+    #: ``tangents`` and ``gradients``), to plan them again (bench/).
+    joint_links: dict[str, list] | None = None
     #: Measured wall time of each completed step (forward + backward
     #: executors, or the inference executor), microseconds, oldest first.
     step_times_us: list[float] = field(default_factory=list)

@@ -373,13 +373,19 @@ def test_bad_options_raise_value_error_listing_valid_choices(options: dict, matc
         modelpar.resolve_options(options)
 
 
-@pytest.mark.parametrize("options", [
-    {"pipeline": {"microbatches": 4}}, {"memory": "16GiB"}, {"devices": 2, "memory": "16GiB"},
-    {"device_map": "cpu"}, {"cuda_graphs": True}, {"trace": "t.json"},
-])
+@pytest.mark.parametrize("options", [{"pipeline": {"microbatches": 4}}, {"cuda_graphs": True}])
 def test_later_options_are_accepted_but_not_yet_supported(options: dict) -> None:
     with pytest.raises(modelpar.ConfigError, match="not yet supported"):
         modelpar.resolve_options(options)
+
+
+def test_memory_device_map_and_trace_options_are_resolved() -> None:
+    o = modelpar.resolve_options({"devices": 2, "memory": "16GiB", "device_map": "cpu",
+                                  "trace": "t.json"})
+    assert (o.memory, o.device_map, o.trace) == (16 << 30, "cpu", "t.json")
+    assert o.planned and o.executor_devices == "cpu-workers"
+    assert modelpar.resolve_options({"memory": 1 << 20}).planned  # plans on one device too
+    assert not modelpar.resolve_options({"device_map": "cpu"}).planned
 
 
 def test_devices_and_placer_options() -> None:
