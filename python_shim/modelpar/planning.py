@@ -2,6 +2,8 @@
 ``passes/pipeline.h`` (cost → coarsen → m-TOPO | m-ETF | m-SCT → lower →
 simulate) on an IR graph, and ``place_captured`` does it for the graphs a
 ``torch.compile`` plan holds (``modelpar.plans()[-1].place(devices=4)``).
+``plan_joint`` places a training step's forward and backward graphs as one
+(passes/joint.h; what ``torch.compile`` with ``devices`` > 1 runs).
 
 Example::
 
