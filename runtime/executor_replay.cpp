@@ -189,12 +189,14 @@ void Executor::Impl::updateSummary() {
   st.graphs = st.captured ? graph_.graphs->numGraphs() : 0;
   if (st.requested == Replay::Streams) {
     st.summary = "stream replay";
-  } else if (st.steps <= options_.warmup_steps && !st.static_buffers) {
-    st.summary = c10::str("graph replay: warming up (", st.steps, " of ", options_.warmup_steps,
-                          " stream steps), then capture");
   } else if (st.captured) {
     st.summary = c10::str("graph replay: ", st.graphs, " CUDA graphs on ", lanes_.size(),
                           " logical devices, static input buffers");
+  } else if (!st.static_buffers && (map_.kind() == DeviceKind::CpuWorker
+                                        ? st.steps <= options_.warmup_steps
+                                        : st.issues.empty())) {
+    st.summary = c10::str("graph replay: warming up (", st.steps, " of ", options_.warmup_steps,
+                          " stream steps), then capture");
   } else {
     st.summary = c10::str("graph replay: not captured: ", describe(st.issues),
                           st.static_buffers ? "; static input buffers on the stream path"
