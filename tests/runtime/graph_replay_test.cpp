@@ -102,6 +102,44 @@ TEST(GraphSegments, ForwardOnlyPipelineIsOneSegmentPerDevice) {
   EXPECT_EQ(toString(graphSegments(p)), "[0:0..3) [1:0..3) [2:0..2)");
 }
 
+// A ring 0 -> 1 -> 2 -> 0 and then 0 -> 1 again: neither device 0 nor device 1
+// can be one graph (each is split around the ring), device 2 is one.
+TEST(GraphSegments, RingSplitsEveryDeviceTheRingReturnsTo) {
+  ir::Program p = ir::parseProgram(R"(
+    program devices=3
+    graph @g(%x: f32[4] input {device=0}) {
+      %a: f32[4] = aten::relu(%x) {device=0}
+      %b: f32[4] = aten::neg(%a) {device=1}
+      %c: f32[4] = aten::neg(%b) {device=2}
+      %d: f32[4] = aten::add.Tensor(%a, %c) {device=0}
+      %e: f32[4] = aten::add.Tensor(%b, %d) {device=1}
+      return %e
+    }
+    device 0 {
+      run %a
+      send %a -> 1
+      recv %c <- 2
+      run %d
+      send %d -> 1
+    }
+    device 1 {
+      recv %a <- 0
+      run %b
+      send %b -> 2
+      recv %d <- 0
+      run %e
+    }
+    device 2 {
+      recv %b <- 1
+      run %c
+      send %c -> 0
+    }
+  )");
+  std::vector<GraphSegment> order = graphSegments(p);
+  EXPECT_EQ(toString(order), "[0:0..2) [1:0..3) [2:0..3) [0:2..5) [1:3..5)");
+  expectValidLaunchOrder(p, order);
+}
+
 TEST(GraphSegments, CycleOfRecvsIsRejected) {
   ir::Program p = ir::parseProgram(R"(
     program devices=2
