@@ -12,6 +12,7 @@
 
 #include "ir/program.h"
 #include "python_shim/value_conversion.h"
+#include "runtime/capture_check.h"
 #include "runtime/check.h"
 #include "runtime/device.h"
 #include "runtime/execution_trace.h"
@@ -36,21 +37,44 @@ py::list spans(const std::vector<std::vector<runtime::Span>>& by_device) {
   return out;
 }
 
+runtime::Replay parseReplay(const std::string& replay) {
+  if (replay == "streams") return runtime::Replay::Streams;
+  if (replay == "graphs") return runtime::Replay::Graphs;
+  MP_RT_THROW(ConfigError, "modelpar executor: replay must be 'streams' or 'graphs', got '", replay, "'");
+}
+
+py::list issues(const std::vector<runtime::CaptureIssue>& all) {
+  py::list out;
+  for (const runtime::CaptureIssue& i : all) {
+    py::dict d;
+    d["device"] = i.device;
+    d["instruction"] = i.instruction;
+    d["what"] = i.what;
+    out.append(d);
+  }
+  return out;
+}
+
 }  // namespace
 
 void bindExecutor(py::module_& m) {
   py::class_<Executor>(m, "Executor",
                        "Runs a Program with one worker per logical device (runtime/executor.h).")
       .def(py::init([](const ir::Program& p, const std::string& devices, int threads_per_device,
-                       bool record_trace, bool verify) {
+                       bool record_trace, bool verify, const std::string& replay, int warmup_steps,
+                       bool outputs_may_alias) {
              runtime::DeviceMap map = runtime::DeviceMap::parse(devices, p.numDevices(), threads_per_device);
+             runtime::ExecutorOptions o{.verify = verify, .record_trace = record_trace};
+             o.replay = parseReplay(replay);
+             o.warmup_steps = warmup_steps;
+             o.outputs_may_alias = outputs_may_alias;
              py::gil_scoped_release no_gil;
-             return std::make_unique<Executor>(
-                 p, map, runtime::ExecutorOptions{.verify = verify, .record_trace = record_trace});
+             return std::make_unique<Executor>(p, map, o);
            }),
            py::arg("program"), py::kw_only(), py::arg("devices") = "cpu-workers",
            py::arg("threads_per_device") = 0, py::arg("record_trace") = false,
-           py::arg("verify") = true)
+           py::arg("verify") = true, py::arg("replay") = "streams", py::arg("warmup_steps") = 1,
+           py::arg("outputs_may_alias") = false)
       .def("run",
            [](Executor& ex, const py::sequence& inputs) {
              std::vector<c10::IValue> in = toIValues(inputs);
@@ -81,6 +105,24 @@ void bindExecutor(py::module_& m) {
            },
            "Measured (start_ns, end_ns) per device and instruction of the last step; None "
            "where an instruction did not run. Empty lists unless record_trace=True.")
+      .def("replay_status",
+           [](const Executor& ex) {
+             runtime::ReplayStatus st;
+             {
+               py::gil_scoped_release no_gil;  // waits for a step in flight
+               st = ex.replayStatus();
+             }
+             py::dict d;
+             d["requested"] = st.requested == runtime::Replay::Graphs ? "graphs" : "streams";
+             d["steps"] = st.steps;
+             d["captured"] = st.captured;
+             d["static_buffers"] = st.static_buffers;
+             d["graphs"] = st.graphs;
+             d["issues"] = issues(st.issues);
+             d["summary"] = st.summary;
+             return d;
+           },
+           "What graph replay is doing (runtime/executor.h ReplayStatus).")
       .def_property_readonly("device_map", [](const Executor& ex) { return ex.deviceMap().toString(); })
       .def_property_readonly("num_devices", [](const Executor& ex) { return ex.program().numDevices(); })
       .def_property_readonly("program", [](const Executor& ex) { return ex.program(); },
@@ -88,6 +130,13 @@ void bindExecutor(py::module_& m) {
   m.def("cuda_devices_built", &runtime::cudaDevicesBuilt,
         "Whether this build has the executor's CUDA devices.");
   m.def("cuda_device_count", &runtime::cudaDeviceCount);
+  m.def("capture_issues",
+        [](const ir::Program& p, const std::string& devices) {
+          return issues(runtime::captureIssues(p, runtime::DeviceMap::parse(devices, p.numDevices())));
+        },
+        py::arg("program"), py::arg("devices"),
+        "Why the program on the device map cannot be captured into CUDA graphs "
+        "(runtime/capture_check.h); needs no GPU.");
 }
 
 }  // namespace modelpar

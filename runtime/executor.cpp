@@ -139,17 +139,22 @@ void Executor::Impl::runLane(int d) {
     for (; i < lane.steps.size(); ++i) {
       if (cancelled_.load(std::memory_order_relaxed)) break;
       lane.at = i;
+      if (capture_ != nullptr) capture_->before(d, i);
       if (spans == nullptr) {
         execute(d, i);
-        continue;
+      } else {
+        const int64_t start = now();
+        execute(d, i);
+        (*spans)[i] = Span{start, now()};
       }
-      const int64_t start = now();
-      execute(d, i);
-      (*spans)[i] = Span{start, now()};
+      if (capture_ != nullptr) capture_->after(d, i);
     }
+    if (capture_ != nullptr) capture_->abandon(d);  // a capture left open by a cancel
     if (!cancelled_.load()) lane.device->synchronize();
   } catch (const Cancelled&) {
+    if (capture_ != nullptr) capture_->abandon(d);
   } catch (const std::exception&) {
+    if (capture_ != nullptr) capture_->abandon(d);
     const bool in_step = bound && i < lane.steps.size();
     fail(Failure{c10::str(in_step ? where(d, i) : c10::str("device ", d), ": ",
                           messageOf(std::current_exception())),
@@ -169,7 +174,10 @@ void Executor::Impl::execute(int d, size_t i) {
   const Step& s = lane.steps[i];
   switch (s.kind) {
     case Kind::Run: {
-      for (int32_t m : s.fence) mail_[static_cast<size_t>(m)].done->block(lane.device->compute());
+      for (int32_t m : s.fence) {
+        if (capture_ != nullptr && !capture_->fenceApplies(d, m)) continue;
+        mail_[static_cast<size_t>(m)].done->block(lane.device->compute());
+      }
       std::vector<c10::IValue> out = s.op->call(lane.env);
       for (size_t k = 0; k < out.size(); ++k) {
         lane.env[static_cast<size_t>((*s.defs)[k])] = std::move(out[k]);
@@ -218,6 +226,7 @@ void Executor::Impl::send(int d, size_t i, const Step& s) {
     }
   });
   m.done->record(tx);
+  if (capture_ != nullptr) capture_->sent(d, s.peer, s.mail, v);
   {
     std::lock_guard<std::mutex> lock(mail_mu_);
     m.posted = true;
@@ -241,7 +250,11 @@ void Executor::Impl::recv(int d, const Step& s) {
   if (deadlock) fail(Failure{*deadlock});
   if (!m.posted || cancelled_.load()) throw Cancelled();
   Device& dev = *lane.device;
-  m.done->block(dev.compute());
+  if (capture_ != nullptr) {
+    capture_->received(d, s.mail, m.value);
+  } else {
+    m.done->block(dev.compute());
+  }
   // A copy that failed has cancelled the step before its `done` was reached.
   if (cancelled_.load()) throw Cancelled();
   dev.recordStream(m.value, dev.compute());
@@ -276,6 +289,7 @@ void Executor::Impl::fail(Failure f) {
   }
   cancelled_.store(true);
   for (Lane& lane : lanes_) lane.device->cancel();
+  if (capture_ != nullptr) capture_->cancel();
   {
     std::lock_guard<std::mutex> lock(mail_mu_);  // no lost wake-up: waiters test the flag under it
   }
@@ -300,6 +314,12 @@ void Executor::Impl::clearStep() {
 
 std::vector<c10::IValue> Executor::Impl::run(std::vector<c10::IValue> inputs) {
   std::lock_guard<std::mutex> step(run_mu_);
+  if (options_.replay == Replay::Graphs) return runGraphs(inputs);
+  ++replay_status_.steps;
+  return runStep(inputs);
+}
+
+std::vector<c10::IValue> Executor::Impl::runStep(std::vector<c10::IValue>& inputs) {
   const ir::Graph& g = program_.graph();
   checkGraphInputs(g, inputs);
   if (options_.record_trace) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,7 @@
 
 #include "ir/error.h"
 #include "ir/program.h"
+#include "runtime/capture_check.h"
 #include "runtime/device.h"
 #include "runtime/execution_trace.h"
 
@@ -34,13 +36,48 @@ class InstructionError : public ExecutionError {
   size_t instruction_;
 };
 
+/// How the executor replays steps (Note [Graph replay] in executor_replay.cpp).
+///  Streams  every step issues each instruction from the device's worker
+///           (the tx/rx stream protocol).
+///  Graphs   after `warmup_steps` stream steps, one step captures the program
+///           into CUDA graphs (one per graph segment, graph_segments.h) and
+///           every later step copies its inputs into static buffers and
+///           replays them. When the program cannot be captured
+///           (captureIssues(), CPU worker devices included) it falls back to
+///           Streams and replayStatus() says why; CPU workers still run the
+///           static-buffer protocol, so CI tests it.
+enum class Replay : uint8_t { Streams, Graphs };
+
 struct ExecutorOptions {
   /// Run ir::verify(Program) at construction. Off only to exercise run-time
   /// checks (deadlock) on programs the verifier would reject.
   bool verify = true;
   /// Record per-instruction timestamps (ExecutionTrace); costs two clock
-  /// reads per instruction.
+  /// reads per instruction. Replayed graph steps record no spans.
   bool record_trace = false;
+  Replay replay = Replay::Streams;
+  /// Replay::Graphs: steps run on the stream path before the capture step
+  /// (at least 1: lazy initialisation such as cuBLAS handles and workspaces
+  /// must not happen inside a capture).
+  int warmup_steps = 1;
+  /// Replay::Graphs: return the static output tensors themselves instead of
+  /// fresh clones. Faster, but the next step overwrites them: use the
+  /// outputs before calling run() again.
+  bool outputs_may_alias = false;
+};
+
+/// What Replay::Graphs is doing; Executor::replayStatus().
+struct ReplayStatus {
+  Replay requested = Replay::Streams;
+  int steps = 0;                 // steps run so far
+  bool captured = false;         // CUDA graphs replay the steps
+  bool static_buffers = false;   // inputs go through static buffers
+  size_t graphs = 0;             // CUDA graphs captured
+  /// Why the program is not captured (empty when it is, or for Streams).
+  std::vector<CaptureIssue> issues;
+  /// One line: `graph replay: 2 CUDA graphs ...`, `graph replay: not captured
+  /// (...); stream replay`, `stream replay`.
+  std::string summary;
 };
 
 /// Example:
@@ -55,6 +92,11 @@ struct ExecutorOptions {
 /// one mailbox slot and two events per send. A step does no name lookups and
 /// no allocation beyond the tensors themselves (and, on CPU, the transfer
 /// closures).
+///
+/// Graph replay (ExecutorOptions::replay = Replay::Graphs): see Replay and
+/// Note [Graph replay]; inputs must keep the capture step's shapes, dtypes and
+/// devices (and non-tensor inputs their values), or run() throws
+/// ExecutionError naming the input.
 ///
 /// Errors: the first failing instruction on any device stops every device
 /// (no further work is issued; devices blocked in a recv wake up) and run()
@@ -84,6 +126,8 @@ class Executor {
   const DeviceMap& deviceMap() const;
   /// The measured spans of the last step (empty unless record_trace).
   const ExecutionTrace& lastTrace() const;
+  /// What graph replay is doing and, when it fell back to streams, why.
+  ReplayStatus replayStatus() const;
 
  private:
   class Impl;

@@ -64,6 +64,55 @@ struct Failure {
   size_t instruction = 0;
 };
 
+/// A capture of the program into CUDA graphs (cuda_graph_replay.cpp), driven
+/// by the workers during the capture step: the executor calls the hooks below
+/// where the stream protocol differs inside a capture (Note [Graph replay]).
+class GraphCapture {
+ public:
+  virtual ~GraphCapture() = default;
+  /// Worker `d`, around its instruction `i`: a segment starting at `i` waits
+  /// for its turn in the launch order and begins a capture; one ending at `i`
+  /// joins the tx streams it used back and ends it. Throw Cancelled / errors.
+  virtual void before(int d, size_t i) = 0;
+  virtual void after(int d, size_t i) = 0;
+  /// Worker `d` issued the copy of send `mail` on its tx stream to `peer`.
+  virtual void sent(int d, int peer, int32_t mail, const c10::IValue& v) = 0;
+  /// Whether a fence on `mail` applies inside the segment `d` is capturing
+  /// (a send of an earlier segment was joined at that segment's end).
+  virtual bool fenceApplies(int d, int32_t mail) = 0;
+  /// Worker `d` receives `mail` (`v` is the copy): its compute stream waits on
+  /// the sender's external event instead of Mail::done.
+  virtual void received(int d, int32_t mail, const c10::IValue& v) = 0;
+  /// Worker `d`, whatever happened: ends a capture it left open.
+  virtual void abandon(int d) noexcept = 0;
+  /// Any thread: wakes workers waiting for their turn (they throw Cancelled).
+  virtual void cancel() = 0;
+  /// Caller, after a capture step without error: checks every segment was
+  /// captured and drops what the capture kept alive.
+  virtual void finish() = 0;
+  /// Caller: one step: the compute streams wait for the caller's stream, every
+  /// graph is launched in order on its device's compute stream, and the
+  /// caller's stream waits for all of them.
+  virtual void replay() = 0;
+  virtual size_t numGraphs() const = 0;
+};
+
+/// Static input buffers, signature and state of Replay::Graphs.
+struct GraphReplayState {
+  std::vector<c10::IValue> buffers;  // per graph input: its static copy (or the scalar)
+  std::vector<c10::Device> devices;  // per graph input: where the caller's was at capture
+  bool has_buffers = false;
+  std::vector<size_t> written;       // inputs the step writes in place: copied back
+  std::vector<c10::IValue> outputs;  // captured: the static outputs
+  std::unique_ptr<GraphCapture> graphs;
+  std::string failure;               // a capture that failed at run time
+};
+
+/// Builds the capture of `lanes` (CUDA devices) for one capture step.
+/// Defined in cuda_graph_replay.cpp; null in builds without CUDA.
+std::unique_ptr<GraphCapture> createCudaGraphCapture(const ir::Program& p, std::vector<Lane>& lanes,
+                                                     std::vector<Mail>& mail);
+
 }  // namespace modelpar::runtime::detail
 
 namespace modelpar::runtime {
@@ -83,6 +132,7 @@ class Executor::Impl {
   ir::Program program_;
   DeviceMap map_;
   ExecutionTrace trace_;
+  ReplayStatus replay_status_;  // guarded by run_mu_
 
  private:
   void resolve();
@@ -99,6 +149,19 @@ class Executor::Impl {
   }
   void clearStep();
   void stopWorkers();
+  std::vector<c10::IValue> runStep(std::vector<c10::IValue>& inputs);
+  // Replay::Graphs (executor_replay.cpp).
+  std::vector<c10::IValue> runGraphs(std::vector<c10::IValue>& inputs);
+  void makeStaticBuffers(const std::vector<c10::IValue>& inputs);
+  void checkSignature(const std::vector<c10::IValue>& inputs) const;
+  bool tryCapture();
+  void updateSummary();
+  void initReplay();
+
+ public:
+  ReplayStatus replayStatus();
+
+ private:
 
   ExecutorOptions options_;
   std::vector<ResolvedOp> ops_;  // by NodeId
@@ -119,6 +182,10 @@ class Executor::Impl {
   std::atomic<bool> cancelled_{false};
   std::mutex fail_mu_;
   std::optional<Failure> failure_;
+
+  // Replay::Graphs; capture_ is set only during a capture step.
+  detail::GraphReplayState graph_;
+  detail::GraphCapture* capture_ = nullptr;
 
   // Per step, written by run() before the workers start.
   std::vector<c10::IValue>* inputs_ = nullptr;

@@ -39,6 +39,7 @@ Executor::Impl::Impl(const ir::Program& p, const DeviceMap& map, ExecutorOptions
   lanes_ = std::vector<Lane>(devices.size());
   for (size_t d = 0; d < devices.size(); ++d) lanes_[d].device = std::move(devices[d]);
   resolve();
+  initReplay();
 
   for (size_t d = 0; d < lanes_.size(); ++d) {
     lanes_[d].thread = std::thread([this, d] { workerMain(static_cast<int>(d)); });

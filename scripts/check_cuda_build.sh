@@ -6,6 +6,7 @@
 # cache) and configures build-cuda; later runs only rebuild what changed.
 #   CUDA_HOME=...                 CUDA toolkit with nvcc (default /usr/local/cuda)
 #   MODELPAR_REQUIRE_CUDA_CHECK=1 fail instead of skipping when nvcc or the wheel is missing
+#   MODELPAR_JOBS=N               parallel compile jobs (default: all cores)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -60,7 +61,7 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 configure_s=$(($(date +%s) - start - setup_s))
 
-"$venv/bin/cmake" --build "$build" -j "$(nproc)" --target modelpar_runtime modelpar_runtime_tests
+"$venv/bin/cmake" --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target modelpar_runtime modelpar_runtime_tests
 build_s=$(($(date +%s) - start - setup_s - configure_s))
 
 # No GPU here: the CUDA tests must load and skip, not crash.

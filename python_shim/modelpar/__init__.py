@@ -34,7 +34,7 @@ from .device import (
     set_device_options,
     sync,
 )
-from .executor import Executor, cuda_devices_built
+from .executor import Executor, capture_issues, cuda_devices_built
 from .interpreter import RuntimeValue, run_graph, run_program
 from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_program
 from .options import CompileOptions, resolve_options
@@ -68,6 +68,7 @@ __all__ = [
     "RuntimeValue",
     "UnsupportedOpError",
     "attach",
+    "capture_issues",
     "clear_device_plans",
     "clear_plans",
     "cmake_prefix_path",

@@ -12,7 +12,7 @@ from . import _C
 from ._C import Program
 from .interpreter import RuntimeValue
 
-__all__ = ["Executor", "cuda_devices_built"]
+__all__ = ["Executor", "capture_issues", "cuda_devices_built"]
 
 Span = Optional[tuple[int, int]]
 
@@ -20,6 +20,19 @@ Span = Optional[tuple[int, int]]
 def cuda_devices_built() -> bool:
     """Whether this build of modelpar has the executor's CUDA devices."""
     return bool(_C.cuda_devices_built())
+
+
+def capture_issues(program: Program, devices: Union[str, Sequence[str]]) -> list[dict]:
+    """Why ``program`` on ``devices`` cannot be captured into CUDA graphs: a
+    list of ``{"device", "instruction", "what"}`` (device/instruction -1 when
+    the reason is not one instruction's); empty when it can. Needs no GPU:
+    ``capture_issues(p, "cuda:0")`` answers for one GPU on any machine.
+
+    Raises:
+        ConfigError: a bad device map.
+    """
+    spec = devices if isinstance(devices, str) else ",".join(str(d) for d in devices)
+    return list(_C.capture_issues(program, spec))
 
 
 class Executor:
@@ -37,6 +50,16 @@ class Executor:
         record_trace: record per-instruction start/end times of every step
             (see :meth:`last_trace` and :meth:`write_chrome_trace`).
         verify: verify the program first (off only to test run-time checks).
+        replay: ``"streams"`` (every step issued instruction by instruction)
+            or ``"graphs"``: after ``warmup_steps`` stream steps the program
+            is captured into CUDA graphs and later steps copy their inputs
+            into static buffers and replay them; inputs must then keep the
+            capture step's shapes, dtypes and devices. Programs that cannot be
+            captured (CPU workers, host syncs, data-dependent shapes, ...)
+            fall back to stream replay; :meth:`replay_status` says why.
+        warmup_steps: stream steps before the capture (>= 1).
+        outputs_may_alias: with ``replay="graphs"``, return the static output
+            tensors instead of clones (the next step overwrites them).
 
     Raises:
         InvalidIrError: the program fails verification, or a node's arguments
@@ -59,6 +82,9 @@ class Executor:
         threads_per_device: int = 0,
         record_trace: bool = False,
         verify: bool = True,
+        replay: str = "streams",
+        warmup_steps: int = 1,
+        outputs_may_alias: bool = False,
     ) -> None:
         spec = devices if isinstance(devices, str) else ",".join(str(d) for d in devices)
         self._ex = _C.Executor(
@@ -67,6 +93,9 @@ class Executor:
             threads_per_device=threads_per_device,
             record_trace=record_trace,
             verify=verify,
+            replay=replay,
+            warmup_steps=warmup_steps,
+            outputs_may_alias=outputs_may_alias,
         )
 
     def run(self, inputs: Sequence[RuntimeValue]) -> list[RuntimeValue]:
@@ -105,6 +134,12 @@ class Executor:
             ConfigError: nothing recorded, or the file cannot be written.
         """
         self._ex.write_chrome_trace(os.fspath(path))
+
+    def replay_status(self) -> dict:
+        """``{"requested", "steps", "captured", "static_buffers", "graphs",
+        "issues", "summary"}``: what graph replay is doing and, when it fell
+        back to stream replay, why (``issues`` as :func:`capture_issues`)."""
+        return self._ex.replay_status()
 
     @property
     def device_map(self) -> str:

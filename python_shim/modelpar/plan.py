@@ -54,6 +54,9 @@ class GraphRecord:
     #: With options devices > 1: the PlacementPlan it runs (placement, program,
     #: simulated step); None on one device.
     placement: object | None = None
+    #: The modelpar.Executor running it, when there is one; the summary shows
+    #: its replay status (stream replay, or CUDA graphs and why not).
+    executor: object | None = None
 
     @property
     def text(self) -> str:
@@ -242,6 +245,8 @@ class Plan:
             lines.append(f"  {kind:<10} {len(g.input_names):>6} {roles['param']:>6} "
                          f"{roles['buffer']:>7} {g.num_nodes:>6} {g.num_values:>6}  "
                          + (rec.runs_on if rec.reason is None else f"{rec.runs_on}: {rec.reason}"))
+            if rec.executor is not None:
+                lines.append(f"  {'':<10} replay: {rec.executor.replay_status()['summary']}")
             for op, layer, _phase in graph_nodes(g):
                 ops[op] += 1
                 if layer:

@@ -152,3 +152,38 @@ def test_one_gpu_hosting_two_logical_devices():
     got = modelpar.Executor(program, devices="cuda:0").run(inputs)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
+
+
+def test_graph_replay_on_cpu_workers_equals_stream_replay_and_says_why_not_captured():
+    program = modelpar.load_program(MLP)
+    streams = modelpar.Executor(program, threads_per_device=1)
+    graphs = modelpar.Executor(program, threads_per_device=1, replay="graphs", warmup_steps=1)
+    assert "warming up" in graphs.replay_status()["summary"]
+    for _ in range(4):  # warm-up, "capture", two replays; new values every step
+        inputs = mlp_inputs()
+        for g, w in zip(graphs.run(inputs), streams.run(inputs)):
+            assert torch.equal(g, w)
+    st = graphs.replay_status()
+    assert st["requested"] == "graphs" and st["steps"] == 4
+    assert st["static_buffers"] and not st["captured"]
+    assert "CPU worker devices run the stream path" in st["summary"]
+    assert streams.replay_status()["summary"] == "stream replay"
+
+
+def test_capture_issues_answer_for_a_gpu_without_one():
+    assert modelpar.capture_issues(modelpar.load_program(MLP), "cuda:0") == []
+    program = modelpar.parse_program(
+        """
+        program devices=1
+        graph @g(%x: f32[8] input) {
+          %n: i64[N, 1] = aten::nonzero(%x)
+          return %n
+        }
+        device 0 {
+          run %n
+        }""")
+    [issue] = modelpar.capture_issues(program, "cuda:0")
+    assert (issue["device"], issue["instruction"]) == (0, 0)
+    assert "aten::nonzero" in issue["what"]
+    with pytest.raises(modelpar.ConfigError, match="replay must be"):
+        modelpar.Executor(program, replay="cudagraphs")

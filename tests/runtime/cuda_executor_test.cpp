@@ -18,6 +18,7 @@
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/equal.h>
+#include <ATen/ops/rand.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/zeros.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -191,6 +192,95 @@ TEST(CudaExecutor, FailingOpIsReportedWithDeviceAndInstruction) {
     EXPECT_EQ(e.device(), 1);
     EXPECT_EQ(e.instruction(), 1u);
   }
+}
+
+// --- graph replay (Replay::Graphs; Note [Graph replay]) ----------------------
+
+ExecutorOptions graphReplay() {
+  ExecutorOptions o;
+  o.replay = Replay::Graphs;
+  o.warmup_steps = 1;
+  return o;
+}
+
+// Two logical devices on one GPU, forward + backward + update: three graphs
+// (device 0 is cut around device 1's), fresh inputs every step so that a
+// stale static buffer or a missing cross-graph wait shows.
+TEST(CudaGraphReplay, EqualsStreamReplayOnTwoLogicalDevicesOverFiveSteps) {
+  SKIP_WITHOUT_GPU();
+  ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
+  Executor streams(p, DeviceMap::parse("cuda:0", 2));
+  Executor graphs(p, DeviceMap::parse("cuda:0", 2), graphReplay());
+  for (int step = 0; step < 1 + 1 + 5; ++step) {  // warm-up, capture, 5 replays
+    std::vector<c10::IValue> in = {at::randn({8, 16}, gpu()), at::randn({8, 4}, gpu()),
+                                   at::randn({16, 32}, gpu()), at::randn({32, 4}, gpu())};
+    std::vector<c10::IValue> want = streams.run(in);
+    std::vector<c10::IValue> got = graphs.run(in);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(at::allclose(got[i].toTensor(), want[i].toTensor(), 1e-5, 1e-6))
+          << "step " << step << " output " << i;
+    }
+  }
+  ReplayStatus st = graphs.replayStatus();
+  EXPECT_TRUE(st.captured) << st.summary;
+  EXPECT_EQ(st.graphs, 3u) << st.summary;
+}
+
+// RNG ops register their generator state with the capturing graph, and each
+// replay advances it: the dropout mask of one replay is not the last one's.
+TEST(CudaGraphReplay, DropoutDiffersBetweenReplays) {
+  SKIP_WITHOUT_GPU();
+  ir::Program p = ir::parseProgram(R"(
+    program devices=2
+    graph @g(%x: f32[4096] input {device=0}) {
+      %h: f32[4096] = aten::relu(%x) {device=0}
+      %y: f32[4096], %m: bool[4096] = aten::native_dropout(%h, 0.5, true) {device=1}
+      return %y, %m
+    }
+    device 0 {
+      run %h
+      send %h -> 1
+    }
+    device 1 {
+      recv %h <- 0
+      run %y
+    }
+  )");
+  Executor ex(p, DeviceMap::parse("cuda:0", 2), graphReplay());
+  at::Tensor x = at::rand({4096}, gpu()).add(0.5);  // > 0, so relu keeps it
+  std::vector<at::Tensor> masks;
+  for (int step = 0; step < 5; ++step) {
+    std::vector<c10::IValue> out = ex.run({x});
+    at::Tensor y = out[0].toTensor(), m = out[1].toTensor();
+    EXPECT_TRUE(at::allclose(y, x.mul(m.to(at::kFloat)).mul(2))) << step;
+    masks.push_back(m);
+  }
+  EXPECT_TRUE(ex.replayStatus().captured) << ex.replayStatus().summary;
+  for (size_t k = 2; k < masks.size(); ++k) {  // the replays, after warm-up and capture
+    EXPECT_FALSE(at::equal(masks[k], masks[k - 1])) << "replay " << k << " repeated the last mask";
+  }
+}
+
+TEST(CudaGraphReplay, UncapturableProgramFallsBackToStreamsAndSaysWhy) {
+  SKIP_WITHOUT_GPU();
+  ir::Program p = ir::parseProgram(R"(
+    program devices=1
+    graph @g(%x: f32[8] input) {
+      %n: i64[N, 1] = aten::nonzero(%x)
+      return %n
+    }
+    device 0 {
+      run %n
+    }
+  )");
+  Executor ex(p, DeviceMap::parse("cuda:0", 1), graphReplay());
+  at::Tensor x = at::zeros({8}, gpu());
+  x.narrow(0, 0, 3).fill_(1);
+  for (int step = 0; step < 3; ++step) EXPECT_EQ(ex.run({x})[0].toTensor().size(0), 3);
+  ReplayStatus st = ex.replayStatus();
+  EXPECT_FALSE(st.captured);
+  EXPECT_NE(st.summary.find("aten::nonzero"), std::string::npos) << st.summary;
 }
 
 #else  // !MODELPAR_WITH_CUDA
