@@ -194,6 +194,7 @@ class _Capture:
         self.dynamo_inputs = dynamo_inputs
         self.layer_of_seq: dict[int, str] = {}
         self.layer_device: dict[str, int] = {}  # planned: the forward's placement by layer
+        self.executors: dict[str, Any] = {}  # planned: the Executor of each graph kind
         self.joint: _JointPlans | None = None
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
@@ -245,7 +246,7 @@ class _Capture:
             self.layer_of_seq.update(imported.layer_of_seq)
         self.record(GraphRecord(kind.value, graph, "modelpar",
                                 compile_seconds=time.perf_counter() - start,
-                                placement=placement))
+                                placement=placement, executor=self.executors.get(kind.value)))
         return compiled
 
     def plan_joint(self, fw_module: torch.fx.GraphModule, bw_module: torch.fx.GraphModule,
@@ -348,7 +349,9 @@ class _Capture:
         if kind is not GraphKind.BACKWARD:
             self.layer_device.update(placement.layer_devices)
         ex = Executor(placement.program, devices=self.opts.executor_devices, threads_per_device=1,
-                      record_trace=self.opts.trace is not None)
+                      record_trace=self.opts.trace is not None,
+                      replay="graphs" if self.opts.cuda_graphs else "streams")
+        self.executors[kind.value] = ex
         return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind)
 
     def fallback(self, gm: torch.fx.GraphModule, kind: GraphKind, graph: Any, what: str,

@@ -16,7 +16,7 @@ silently ignored.
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
 | ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported (issue 6) |
-| ``cuda_graphs`` | bool | False | not yet supported (issue 5) |
+| ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
 
 Any of ``devices`` > 1, ``memory``, ``trace`` or a CUDA ``device_map``
@@ -26,7 +26,7 @@ Executor; otherwise a graph runs on the one-device C++ interpreter.
 ``mode``: ``"default"`` (or None); ``"max-autotune"`` and
 ``"max-autotune-no-cudagraphs"`` are accepted and behave like the default
 (modelpar has nothing to autotune yet; a warning says so once);
-``"reduce-overhead"`` means CUDA graph replay: not yet supported (issue 5).
+``"reduce-overhead"`` means CUDA graph replay: the same as ``cuda_graphs=True``.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class CompileOptions:
         """Whether graphs are planned by passes' plan() and run by the
         multi-device Executor (else: the one-device interpreter)."""
         return (self.devices > 1 or self.memory is not None or self.trace is not None
-                or self.device_map not in (None, "cpu"))
+                or self.cuda_graphs or self.device_map not in (None, "cpu"))
 
     @property
     def executor_devices(self) -> str:
@@ -204,11 +204,8 @@ def resolve_options(options: Mapping[str, Any] | None = None,
         _check_cuda(device_map)
     if pipeline is not None:
         raise _not_yet("pipeline", pipeline, "issue 6")
-    if cuda_graphs:
-        raise _not_yet("cuda_graphs", True, "issue 5")
-    if mode == "reduce-overhead":
-        raise ConfigError("modelpar: mode='reduce-overhead' (CUDA graph replay) is not yet "
-                          "supported (issue 5); use mode='default'")
+    if mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
+        cuda_graphs = True
     if mode.startswith("max-autotune"):
         warnings.warn(f"modelpar: mode={mode!r} has nothing to autotune yet; it runs as "
                       "mode='default'", stacklevel=2)

@@ -373,7 +373,7 @@ def test_bad_options_raise_value_error_listing_valid_choices(options: dict, matc
         modelpar.resolve_options(options)
 
 
-@pytest.mark.parametrize("options", [{"pipeline": {"microbatches": 4}}, {"cuda_graphs": True}])
+@pytest.mark.parametrize("options", [{"pipeline": {"microbatches": 4}}])
 def test_later_options_are_accepted_but_not_yet_supported(options: dict) -> None:
     with pytest.raises(modelpar.ConfigError, match="not yet supported"):
         modelpar.resolve_options(options)
@@ -399,18 +399,18 @@ def test_modes() -> None:
     assert modelpar.resolve_options(None, "default").mode == "default"
     with pytest.warns(UserWarning, match="nothing to autotune"):
         assert modelpar.resolve_options(None, "max-autotune").mode == "max-autotune"
-    with pytest.raises(modelpar.ConfigError, match="reduce-overhead.*not yet supported"):
-        modelpar.resolve_options(None, "reduce-overhead")
+    o = modelpar.resolve_options(None, "reduce-overhead")  # CUDA graph replay
+    assert o.cuda_graphs and o.planned
     with pytest.raises(ValueError, match="mode='fast' is not valid; mode takes one of 'default'"):
         modelpar.resolve_options(None, "fast")
 
 
 def test_options_are_checked_before_tracing_through_torch_compile() -> None:
-    fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "cuda_graphs": True})
+    fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "placer": "x"})
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
         fast(torch.randn(2, 16))
     assert isinstance(err.value.inner_exception, modelpar.ConfigError)
-    assert "cuda_graphs=True is not yet supported" in str(err.value)
+    assert "placer='x' is not valid" in str(err.value)
     ok = torch.compile(MLP(), backend="modelpar", mode="max-autotune-no-cudagraphs")
     with pytest.warns(UserWarning, match="nothing to autotune"):
         ok(torch.randn(2, 16))

@@ -182,13 +182,33 @@ def test_device_map_cpu_runs_on_cpu_workers_and_cuda_needs_a_gpu() -> None:
         fast(torch.randn(2, 16))
 
 
-def test_pipeline_cuda_graphs_and_reduce_overhead_are_still_refused() -> None:
+def test_pipeline_is_still_refused() -> None:
     with pytest.raises(modelpar.ConfigError, match="not yet supported"):
         modelpar.resolve_options({"devices": 2, "pipeline": {"microbatches": 2}})
-    with pytest.raises(modelpar.ConfigError, match="not yet supported"):
-        modelpar.resolve_options({"devices": 2, "cuda_graphs": True})
-    with pytest.raises(modelpar.ConfigError, match="not yet"):
-        modelpar.resolve_options({"devices": 2}, mode="reduce-overhead")
+
+
+@pytest.mark.parametrize("how", [{"options": {"devices": 2, "cuda_graphs": True}},
+                                 {"mode": "reduce-overhead"}])
+def test_cuda_graphs_on_cpu_workers_run_the_twin_and_say_why(how: dict) -> None:
+    """CPU worker programs cannot be captured: the executors run the static-
+    buffer protocol on the stream path, equal eager over steps with new
+    inputs, and the plan summary says why nothing was captured."""
+    torch.manual_seed(0)
+    model = MLP()
+    ref = copy.deepcopy(model)
+    fast = torch.compile(model, backend="modelpar", **how)
+    for step in range(3):
+        x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
+        out, want = fast(x), ref(x)
+        torch.testing.assert_close(out, want, rtol=0, atol=0)
+        out.sum().backward()
+        want.sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=1e-7)
+    plan = modelpar.plans()[-1]
+    assert plan.graphs["forward"].executor is not None
+    text = str(plan)
+    assert "replay:" in text and "CPU worker devices" in text, text
 
 
 @pytest.mark.parametrize("devices", [2, 4])
