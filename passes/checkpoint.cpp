@@ -108,12 +108,19 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
   // Recompute set: candidate producers of values a backward node reads, and
   // (walking backwards in graph order) candidate producers of their inputs
   // in the same group.
+  // Only a backward node on the value's own stage reads a recomputed copy: on
+  // another stage the value is a stage input, which stays stored (reading a
+  // copy would make that stage's backward wait for this stage's recompute,
+  // which itself waits for the gradient from that stage).
+  auto readsCopyOf = [&](size_t reader, NodeId p) {
+    return g.nodes()[reader].phase == Phase::Backward && p != ir::kNoId &&
+           stage_of_node[reader] == stage_of_node[static_cast<size_t>(p)];
+  };
   std::vector<char> recompute(nn, 0);
-  for (const ir::Node& nd : g.nodes()) {
-    if (nd.phase != Phase::Backward) continue;
-    for (ValueId v : nd.inputs()) {
+  for (size_t n = 0; n < nn; ++n) {
+    for (ValueId v : g.nodes()[n].inputs()) {
       NodeId p = g.value(v).producer;
-      if (p != ir::kNoId && candidate[static_cast<size_t>(p)]) recompute[static_cast<size_t>(p)] = 1;
+      if (readsCopyOf(n, p) && candidate[static_cast<size_t>(p)]) recompute[static_cast<size_t>(p)] = 1;
     }
   }
   for (size_t n = nn; n-- > 0;) {
@@ -129,10 +136,9 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
   // Where each group goes: before the first backward node reading its values.
   std::map<GroupKey, size_t> first_reader;
   for (size_t n = 0; n < nn; ++n) {
-    if (g.nodes()[n].phase != Phase::Backward) continue;
     for (ValueId v : g.nodes()[n].inputs()) {
       NodeId p = g.value(v).producer;
-      if (p == ir::kNoId || !recompute[static_cast<size_t>(p)]) continue;
+      if (!readsCopyOf(n, p) || !recompute[static_cast<size_t>(p)]) continue;
       first_reader.try_emplace(groupOf(p), n);
     }
   }
@@ -151,16 +157,17 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     const ir::Value& v = g.value(in.value);
     orig[static_cast<size_t>(in.value)] = out.addInput(v.name, v.type, in.role, in.device);
   }
-  // A backward node reads every copy; a recompute node only its own group's
-  // (a value from another stage is a stored stage input).
-  auto emit = [&](const ir::Node& nd, bool as_recompute, bool reads_copies,
-                  std::optional<GroupKey> group) {
+  // A backward node reads the copies of its own stage; a recompute node those
+  // of its own group (a value from another stage is a stored stage input).
+  auto emit = [&](size_t n, bool as_recompute, std::optional<GroupKey> group) {
+    const ir::Node& nd = g.nodes()[n];
     std::vector<ir::Arg> args = nd.args;
     for (ir::Arg& a : args) {
       a.remapValues([&](ValueId v) {
         ValueId c = copy[static_cast<size_t>(v)];
-        bool use = reads_copies && c != ir::kNoId &&
-                   (!group || groupOf(g.value(v).producer) == *group);
+        NodeId p = g.value(v).producer;
+        bool use = c != ir::kNoId &&
+                   (group ? groupOf(p) == *group : readsCopyOf(n, p));
         return use ? c : orig[static_cast<size_t>(v)];
       });
     }
@@ -172,30 +179,29 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
       }
       outs.emplace_back(std::move(name), g.value(o).type);
     }
-    NodeId n = out.addNode(nd.qualifiedName(), std::move(args), std::move(outs));
-    ir::Node& c = out.node(n);
+    NodeId id = out.addNode(nd.qualifiedName(), std::move(args), std::move(outs));
+    ir::Node& c = out.node(id);
     c.layer = nd.layer;
     c.phase = as_recompute ? Phase::Recompute : nd.phase;
     c.device = nd.device;
     c.microbatch = nd.microbatch;
     c.cost = nd.cost;
-    if (!nd.label.empty()) out.setLabel(n, nd.label);
+    if (!nd.label.empty()) out.setLabel(id, nd.label);
     for (size_t i = 0; i < nd.outputs.size(); ++i) {
       (as_recompute ? copy : orig)[static_cast<size_t>(nd.outputs[i])] = c.outputs[i];
     }
-    return n;
+    return id;
   };
   for (size_t n = 0; n < nn; ++n) {
     for (const GroupKey& key : groups_before[n]) {
       RecomputeGroup grp{key.first, key.second, {}};
       for (NodeId m : members[key]) {
-        grp.nodes.push_back(emit(g.node(m), /*as_recompute=*/true, /*reads_copies=*/true, key));
+        grp.nodes.push_back(emit(static_cast<size_t>(m), /*as_recompute=*/true, key));
         r.stage_of_node.push_back(key.first);
       }
       r.groups.push_back(std::move(grp));
     }
-    const ir::Node& nd = g.nodes()[n];
-    emit(nd, /*as_recompute=*/false, /*reads_copies=*/nd.phase == Phase::Backward, std::nullopt);
+    emit(n, /*as_recompute=*/false, std::nullopt);
     r.stage_of_node.push_back(stage_of_node[n]);
   }
   std::vector<ValueId> outputs;

@@ -10,7 +10,10 @@
 // mb, layer, device, cost), together with the forward nodes of s and k they
 // need; the copies read the stage's inputs (values from other stages, shared
 // values, graph inputs: these stay stored) and each other, and every
-// backward node reads the copies instead. The forward's own activations then
+// backward node of stage s reads the copies instead (a backward node on
+// another stage keeps reading its stored stage input: reading s's copy would
+// make it wait for s's recompute, which waits for its gradient). The
+// forward's own activations then
 // die right after the forward (lowering frees values after their last use).
 // In graph order a group's copies sit right before its first backward reader.
 //

@@ -46,6 +46,13 @@ void rewriteArgs(Arg& a, F&& lookup) {
   for (Arg& item : a.items()) rewriteArgs(item, lookup);
 }
 
+/// What to say when a batch-norm op's statistics stop the split.
+std::string_view batchNormHint(std::string_view op) {
+  if (op.find("batch_norm") == std::string_view::npos) return "";
+  return " (batch norm computes its statistics per micro-batch; deferred batch norm is not "
+         "supported yet: use eval-mode batch norm, group or layer norm, or one micro-batch)";
+}
+
 bool isSeedOp(std::string_view op) {
   return op == "aten::ones_like" || op == "aten::full_like" || op == "aten::new_ones" ||
          op == "aten::new_full";
@@ -374,9 +381,10 @@ class Microbatcher {
         MP_THROW(UnsupportedOpError,
                  "{}: graph @{}: %{} = {} has no batch dimension but is computed from batched "
                  "data in the forward and {} after the micro-batches, and it is not the loss{}; "
-                 "its micro-batch values do not combine into the full batch's",
+                 "its micro-batch values do not combine into the full batch's{}",
                  kWho, g_.name(), val.name, producerOf(v).qualifiedName(), who,
-                 d_.loss == ir::kNoId ? " (no loss found: set the loss option)" : "");
+                 d_.loss == ir::kNoId ? " (no loss found: set the loss option)" : "",
+                 batchNormHint(producerOf(v).op));
       }
     }
     bool gradients = std::any_of(d_.combine.begin(), d_.combine.end(),
@@ -416,15 +424,10 @@ class Microbatcher {
       for (ValueId o : nd.outputs) {
         const Type& t = g_.value(o).type;
         if (!t.isTensor() || hasBatchDim(o)) continue;
-        bool bn = nd.op.find("batch_norm") != std::string::npos;
         MP_THROW(UnsupportedOpError,
                  "{}: graph @{}: %{} = {} reduces over the batch in the forward and is not the "
                  "loss: per micro-batch it would differ from the full batch's{}",
-                 kWho, g_.name(), g_.value(o).name, nd.qualifiedName(),
-                 bn ? " (batch norm computes its statistics per micro-batch; deferred batch norm "
-                      "is not supported yet: use eval-mode batch norm, group or layer norm, or "
-                      "one micro-batch)"
-                    : "");
+                 kWho, g_.name(), g_.value(o).name, nd.qualifiedName(), batchNormHint(nd.op));
       }
     }
   }
