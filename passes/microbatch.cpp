@@ -226,6 +226,18 @@ class Microbatcher {
                  "{}: graph @{}: cannot tell which output is the loss among {}; set the loss "
                  "option to its name",
                  kWho, g_.name(), names);
+      } else {
+        // A loss that is not returned: the one scalar a seed op reads.
+        std::vector<ValueId> read;
+        for (size_t vi = 0; vi < g_.numValues(); ++vi) {
+          auto v = static_cast<ValueId>(vi);
+          const Type& t = g_.value(v).type;
+          if (producedPerMb(v) && t.isTensor() && t.numel() == std::optional<int64_t>(1) &&
+              phaseOf(v) == Phase::Forward && seedNodeOf(v) != ir::kNoId) {
+            read.push_back(v);
+          }
+        }
+        if (read.size() == 1) d_.loss = read[0];
       }
     }
     // The seed: the ones_like(loss) node, a named value, or a tangent input.
@@ -265,6 +277,13 @@ class Microbatcher {
                "{}: graph @{}: seed %{} of type {} is not an unbatched tensor", kWho, g_.name(),
                s.name, ir::toString(s.type));
     }
+    MP_CHECK(d_.seed == ir::kNoId || d_.loss != ir::kNoId ||
+                 o_.loss_reduction != LossReduction::Auto || d_.sizes.size() == 1,
+             ConfigError,
+             "{}: graph @{}: found the backward seed %{} but not the loss, so its reduction over "
+             "the batch (the seed's weight per micro-batch) is unknown; set loss or "
+             "loss_reduction",
+             kWho, g_.name(), g_.value(d_.seed).name);
     d_.mean = o_.loss_reduction == LossReduction::Mean;
     if (d_.loss != ir::kNoId && o_.loss_reduction == LossReduction::Auto) {
       d_.mean = detectMean();

@@ -329,6 +329,31 @@ graph @two(%x: f32[B, 3] input) {
   EXPECT_HAS(msg, "cannot tell which output is the loss among %a, %b");
 }
 
+TEST(Microbatch, FindsALossThatIsNotReturnedThroughItsSeed) {
+  // Only the update is returned; the seed ones_like(%loss) names the loss,
+  // whose mean gives the seed weights 0.5.
+  std::string text = ir::print(loadExample("mlp_step_symbolic.txt"));
+  text.replace(text.find("return %loss, "), 14, "return ");
+  ir::Graph out = microbatch(ir::parseGraph(text), opts(2, 8));
+  EXPECT_HAS(nodeText(out, "g.mb1.scaled"), "aten::mul.Scalar(%g.mb1, 0.5)");
+  EXPECT_FALSE(out.findValue("loss").has_value());  // nothing combines it
+}
+
+TEST(Microbatch, RejectsATangentSeedWithoutALossToTellTheReduction) {
+  const char* text = R"(
+graph @tangent(%x: f32[B, 3] input, %w: f32[3, 3] param, %t: f32[] input) {
+  %ge: f32[B, 3] = aten::expand_as(%t, %x) {phase=bwd}
+  %xt: f32[3, B] = aten::t(%x) {phase=bwd}
+  %dw: f32[3, 3] = aten::mm(%xt, %ge) {phase=bwd}
+  return %dw
+})";
+  std::string msg = messageOf<ConfigError>([&] { microbatch(ir::parseGraph(text), opts(2, 4)); });
+  EXPECT_HAS(msg, "found the backward seed %t but not the loss");
+  MicrobatchOptions o = opts(2, 4);
+  o.loss_reduction = LossReduction::Sum;
+  EXPECT_EQ(microbatch(ir::parseGraph(text), o).numNodes(), 9u);  // 2 x (slice, 3 copies), add
+}
+
 TEST(Microbatch, RejectsInPlaceUpdatesOfSharedValuesInTheMicrobatches) {
   const char* text = R"(
 graph @inplace(%x: f32[B, 3] input, %w: f32[3] param) {
