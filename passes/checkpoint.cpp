@@ -138,6 +138,16 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     if (recompute[n]) members[groupOf(static_cast<NodeId>(n))].push_back(static_cast<NodeId>(n));
   }
 
+  for (const auto& [key, n] : first_reader) {
+    NodeId last = members[key].back();
+    MP_CHECK(static_cast<size_t>(last) < n, InvalidIrError,
+             "{}: graph @{}: forward node {} (stage {}, micro-batch {}) comes after the backward "
+             "node {} that reads that micro-batch's activations; order each micro-batch's "
+             "forward before its backward",
+             kWho, g.name(), g.nodeRef(last), key.first, key.second,
+             g.nodeRef(static_cast<NodeId>(n)));
+  }
+
   // 3. The new graph.
   CheckpointResult r{ir::Graph(g.name()), {}, {}};
   ir::Graph& out = r.graph;

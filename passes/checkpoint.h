@@ -30,8 +30,10 @@
 // — torchgpipe's default, seed 002 §2.1), `never` (graph unchanged).
 //
 // Preconditions: nodes carry phase and mb (a `microbatch` result), one stage
-// per node (checked: ConfigError). Guarantees: the caller's graph is not
-// modified; the result verifies and computes the same values.
+// per node (checked: ConfigError); a micro-batch's forward nodes come before
+// its backward nodes in graph order (InvalidIrError otherwise).
+// Guarantees: the caller's graph is not modified; the result verifies and
+// computes the same values.
 //
 // Example (stage 0 runs fc1; micro-batches 0 and 1; except_last):
 //   %h.mb0 = aten::mm(%x.mb0, %w1)   {phase=fwd, mb=0}   read by the backward

@@ -44,7 +44,8 @@
 // a loss that is not a weighted sum of its micro-batches' losses, random ops
 // (unless allow_random), in-place ops on shared values, sizes derived from
 // the batch leaving the micro-batches. Guarantees: the caller's graph is not
-// modified; the result verifies; every type in it is static in S.
+// modified; the result verifies; every dimension that is S, or an
+// expression of S and integers, is static in it.
 #pragma once
 
 #include <cstdint>

@@ -143,6 +143,24 @@ graph @drop(%x: f32[4] input) {
   EXPECT_HAS(nodeText(r.graph, "de"), "aten::mul.Tensor(%q, %e.rc)");
 }
 
+TEST(Checkpoint, RejectsAForwardNodeAfterItsMicrobatchsBackward) {
+  const char* text = R"(
+graph @late(%x: f32[4] input) {
+  %a: f32[4] = aten::tanh(%x) {phase=fwd, mb=0}
+  %da: f32[4] = aten::tanh_backward(%x, %a) {phase=bwd, mb=0}
+  %b: f32[4] = aten::exp(%a) {phase=fwd, mb=0}
+  %db: f32[4] = aten::mul.Tensor(%da, %b) {phase=bwd, mb=0}
+  return %db
+})";
+  ir::Graph g = ir::parseGraph(text);
+  std::string msg = messageOf<InvalidIrError>([&] {
+    CheckpointOptions o;
+    o.mode = CheckpointMode::Always;
+    checkpoint(g, std::vector<int32_t>(g.numNodes(), 0), o);
+  });
+  EXPECT_HAS(msg, "forward node %b (stage 0, micro-batch 0) comes after the backward node %da");
+}
+
 TEST(Checkpoint, RejectsBadStagesAndModes) {
   ir::Graph g = splitMlp(2);
   EXPECT_HAS(messageOf<ConfigError>([&] { checkpoint(g, {0, 1}); }),
