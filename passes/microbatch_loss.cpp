@@ -245,7 +245,11 @@ void Microbatcher::checkLinear(NodeId n, const std::vector<char>& on) const {
     }
   }
   bool additive = nd.op == "aten::add" || nd.op == "aten::sub";
-  bool ok = isLinearOp(nd.op) && other_batched == 0 &&
+  // x / c is linear in x, c / x is not: the loss term must be the dividend.
+  bool dividend = nd.op != "aten::div" ||
+                  (!nd.args.empty() && nd.args[0].isValue() &&
+                   on[static_cast<size_t>(nd.args[0].toValue())] != 0);
+  bool ok = isLinearOp(nd.op) && other_batched == 0 && dividend &&
             (additive ? (nd.overload == "Tensor" && loss_operands == 2) || d_.mean
                       : loss_operands == 1);
   MP_CHECK(ok, UnsupportedOpError,

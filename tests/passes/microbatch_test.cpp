@@ -3,6 +3,7 @@
 // Numerical equality with the full batch: tests/python/test_microbatch.py.
 #include "passes/microbatch.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -290,6 +291,23 @@ graph @sq(%x: f32[B, 3] input) {
 })";
   std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), opts(2, 4)); });
   EXPECT_HAS(msg, "the loss %loss is not a weighted sum of micro-batch losses: %loss = aten::pow.Tensor_Scalar");
+  // Dividing the mean by a constant keeps it a weighted sum; dividing a
+  // constant by it does not.
+  auto withLoss = [](const char* node) {
+    return fmt::format(R"(
+graph @div(%x: f32[B, 3] input, %c: f32[] param) {{
+  %m: f32[] = aten::mean(%x) {{layer="loss", phase=fwd}}
+  %loss: f32[] = {} {{layer="loss", phase=fwd}}
+  return %loss
+}})", node);
+  };
+  EXPECT_NO_THROW(microbatch(ir::parseGraph(withLoss("aten::div.Tensor(%m, %c)")), opts(2, 4)));
+  msg = messageOf<UnsupportedOpError>(
+      [&] { microbatch(ir::parseGraph(withLoss("aten::div.Tensor(%c, %m)")), opts(2, 4)); });
+  EXPECT_HAS(msg, "%loss = aten::div.Tensor lies between the batch reduction and the loss");
+  msg = messageOf<UnsupportedOpError>(
+      [&] { microbatch(ir::parseGraph(withLoss("aten::mul.Tensor(%m, %m)")), opts(2, 4)); });
+  EXPECT_HAS(msg, "%loss = aten::mul.Tensor lies between");
 }
 
 TEST(Microbatch, RejectsALossMixingMeanAndSum) {
