@@ -31,6 +31,10 @@ OpFamily classifyOp(std::string_view op);
 /// aten::_foreach_mul_). Their outputs are their first input.
 bool isInPlaceOp(std::string_view op);
 
+/// True for ops that draw from a random generator (dropout, bernoulli,
+/// rand*, normal_, ...): running them twice gives different values.
+bool isRandomOp(std::string_view op);
+
 /// True when the node's outputs share the storage of its first tensor input
 /// (View family or in-place).
 bool aliasesInput(const ir::Node& n);

@@ -1,7 +1,9 @@
 // Facade of passes/: the one header the rest of modelpar includes.
 #pragma once
 
+#include "passes/batch_symbol.h"
 #include "passes/calibrate.h"
+#include "passes/checkpoint.h"
 #include "passes/chrome_trace.h"
 #include "passes/coarsen.h"
 #include "passes/cost_model.h"
@@ -9,6 +11,7 @@
 #include "passes/json.h"
 #include "passes/liveness.h"
 #include "passes/lower.h"
+#include "passes/microbatch.h"
 #include "passes/op_family.h"
 #include "passes/pipeline.h"
 #include "passes/place_metf.h"

@@ -12,9 +12,11 @@
 
 #include "ir/ir.h"
 #include "passes/calibrate.h"
+#include "passes/checkpoint.h"
 #include "passes/chrome_trace.h"
 #include "passes/cost_model.h"
 #include "passes/joint.h"
+#include "passes/microbatch.h"
 #include "passes/pipeline.h"
 
 namespace py = pybind11;
@@ -313,6 +315,52 @@ void bindPlan(py::module_& m) {
         return out;
       },
       py::arg("program"), "Per device, per instruction: the node id a run runs, -1 otherwise.");
+  m.def(
+      "microbatch",
+      [](const ir::Graph& g, int microbatches, std::optional<int64_t> batch_size,
+         std::string batch_symbol, std::vector<std::pair<std::string, int>> batch_dims,
+         std::string loss, std::string seed, const std::string& loss_reduction,
+         bool allow_random) {
+        passes::MicrobatchOptions o;
+        o.microbatches = microbatches;
+        o.batch_size = batch_size;
+        o.batch_symbol = std::move(batch_symbol);
+        o.batch_dims = std::move(batch_dims);
+        o.loss = std::move(loss);
+        o.seed = std::move(seed);
+        o.loss_reduction = passes::parseLossReduction(loss_reduction);
+        o.allow_random = allow_random;
+        return passes::microbatch(g, o);
+      },
+      py::arg("graph"), py::arg("microbatches"), py::arg("batch_size"), py::arg("batch_symbol"),
+      py::arg("batch_dims"), py::arg("loss"), py::arg("seed"), py::arg("loss_reduction"),
+      py::arg("allow_random"), "passes::microbatch; see modelpar.microbatch.");
+  m.def(
+      "checkpoint",
+      [](const ir::Graph& g, const std::vector<int32_t>& stage_of_node, const std::string& mode) {
+        passes::CheckpointOptions o;
+        o.mode = passes::parseCheckpointMode(mode);
+        passes::CheckpointResult r = passes::checkpoint(g, stage_of_node, o);
+        py::list groups;
+        for (const passes::RecomputeGroup& grp : r.groups) {
+          std::vector<std::string> names;
+          for (ir::NodeId n : grp.nodes) names.push_back(nodeName(r.graph, n));
+          groups.append(py::make_tuple(grp.stage, grp.microbatch, names));
+        }
+        return py::make_tuple(std::move(r.graph), std::move(r.stage_of_node), groups);
+      },
+      py::arg("graph"), py::arg("stage_of_node"), py::arg("mode"),
+      "passes::checkpoint -> (graph, stage_of_node, [(stage, mb, [node names])]); see "
+      "modelpar.checkpoint.");
+  m.def(
+      "node_layers",
+      [](const ir::Graph& g) {
+        std::vector<std::string> out;
+        for (const ir::Node& n : g.nodes()) out.push_back(n.layer);
+        return out;
+      },
+      py::arg("graph"), "The layer of every node, in node order.");
+  m.def("microbatch_sizes", &passes::microbatchSizes, py::arg("batch"), py::arg("microbatches"));
   m.def("plan_placers", [] {
     return std::vector<std::string>(std::begin(passes::kPlacerNames), std::end(passes::kPlacerNames));
   });

@@ -2,7 +2,8 @@
 
 The public API is re-exported here: the IR (Graph, Program, parsing), the
 reference interpreters, the exception classes, model-parallel planning
-(``plan_graph``, ``Plan.place``), and the torch.compile backend
+(``plan_graph``, ``Plan.place``), the pipeline rewrites
+(``microbatch``, ``checkpoint``), and the torch.compile backend
 (``torch.compile(model, backend="modelpar")`` finds it through the
 ``torch_dynamo_backends`` entry point, without ``import modelpar``)."""
 
@@ -38,6 +39,13 @@ from .executor import Executor, capture_issues, cuda_devices_built
 from .interpreter import RuntimeValue, run_graph, run_program
 from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_program
 from .options import CompileOptions, resolve_options
+from .pipeline_passes import (
+    CHECKPOINT_MODES,
+    CheckpointResult,
+    checkpoint,
+    microbatch,
+    microbatch_sizes,
+)
 from .plan import GraphRecord, Plan, clear_plans, plans
 from .planning import (
     PLACERS,
@@ -49,7 +57,9 @@ from .planning import (
 )
 
 __all__ = [
+    "CHECKPOINT_MODES",
     "CapturedPlacement",
+    "CheckpointResult",
     "CompileOptions",
     "ConfigError",
     "Error",
@@ -71,6 +81,7 @@ __all__ = [
     "capture_issues",
     "clear_device_plans",
     "clear_plans",
+    "checkpoint",
     "cmake_prefix_path",
     "cuda_devices_built",
     "device_counters",
@@ -79,6 +90,8 @@ __all__ = [
     "last_graph",
     "load_graph",
     "load_program",
+    "microbatch",
+    "microbatch_sizes",
     "modelpar_backend",
     "parse_bytes",
     "parse_graph",

@@ -1,0 +1,408 @@
+// Pass `microbatch` (microbatch.h). Steps: 1. options and the batch symbol;
+// 2. which nodes run per micro-batch, once before, or after; 3. the loss,
+// its reduction and the backward seed; 4. what leaves the micro-batches and
+// how it is combined; 5. the checks that make the split exact; 6. the new
+// graph. Everything is decided before the new graph is built. Step 3 is in
+// microbatch_loss.cpp.
+#include "passes/microbatch.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "ir/check.h"
+#include "passes/microbatch_impl.h"
+#include "passes/op_family.h"
+
+namespace modelpar::passes {
+namespace microbatch_detail {
+namespace {
+
+/// Rewrites the value references of `a` (lists included) through `lookup`,
+/// which may turn one into a constant (the batch size input -> b_k).
+template <typename F>
+void rewriteArgs(Arg& a, F&& lookup) {
+  if (a.isValue()) {
+    std::string keyword = a.keyword();
+    a = lookup(a.toValue());
+    if (!keyword.empty()) a.withKeyword(std::move(keyword));
+  }
+  for (Arg& item : a.items()) rewriteArgs(item, lookup);
+}
+
+/// What to say when a batch-norm op's statistics stop the split.
+std::string_view batchNormHint(std::string_view op) {
+  if (op.find("batch_norm") == std::string_view::npos) return "";
+  return " (batch norm computes its statistics per micro-batch; deferred batch norm is not "
+         "supported yet: use eval-mode batch norm, group or layer norm, or one micro-batch)";
+}
+
+}  // namespace
+
+ir::Graph Microbatcher::run() {
+  // 1. Options and the batch symbol.
+  MP_CHECK(o_.batch_size.has_value(), ConfigError,
+           "{}: graph @{}: batch_size is required (the full batch B the graph is split from)",
+           kWho, g_.name());
+  d_.total = *o_.batch_size;
+  d_.sizes = microbatchSizes(d_.total, o_.microbatches);
+  d_.batch = findBatchSymbol(g_, o_.batch_symbol, o_.batch_dims);
+  // 2. - 5.
+  classify(/*seed_root=*/ir::kNoId);
+  findLossAndSeed();
+  if (d_.seed_is_root) classify(d_.seed);
+  decideCombinations();
+  checkExactness();
+  // 6.
+  return build();
+}
+
+std::string Microbatcher::ref(NodeId n) const {
+  const ir::Node& nd = g_.node(n);
+  return fmt::format("{} = {}", g_.nodeRef(n), nd.qualifiedName());
+}
+
+// 2. Per micro-batch: not an update node and reads a batched input, the size
+// input, the seed root, or a per-micro-batch value. After: update nodes and
+// what reads their results. Shared: the rest.
+void Microbatcher::classify(ValueId seed_root) {
+  d_.where.assign(g_.numNodes(), Where::Shared);
+  d_.per_mb_value.assign(g_.numValues(), 0);
+  std::vector<char> root(g_.numValues(), 0), post_value(g_.numValues(), 0);
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    if (d_.batch.input_dim[i] >= 0) root[static_cast<size_t>(g_.inputs()[i].value)] = 1;
+  }
+  if (d_.batch.size_input != ir::kNoId) root[static_cast<size_t>(d_.batch.size_input)] = 1;
+  if (seed_root != ir::kNoId) root[static_cast<size_t>(seed_root)] = 1;
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    const ir::Node& nd = g_.nodes()[n];
+    bool batched = false, after = nd.phase == Phase::Update;
+    for (ValueId v : nd.inputs()) {
+      auto vi = static_cast<size_t>(v);
+      batched |= root[vi] || d_.per_mb_value[vi];
+      after |= post_value[vi] != 0;
+    }
+    Where w = after ? Where::Post : batched ? Where::PerMb : Where::Shared;
+    if (after && batched) {
+      for (ValueId v : nd.inputs()) {
+        MP_CHECK(!post_value[static_cast<size_t>(v)] || nd.phase == Phase::Update,
+                 UnsupportedOpError,
+                 "{}: graph @{}: node {} reads batched data and %{}, which is only known after "
+                 "the gradients of all micro-batches are combined (an update-phase result); "
+                 "mark the node phase=update or move it out of the step",
+                 kWho, g_.name(), ref(static_cast<NodeId>(n)), g_.value(v).name);
+      }
+    }
+    d_.where[n] = w;
+    for (ValueId o : nd.outputs) {
+      d_.per_mb_value[static_cast<size_t>(o)] = w == Where::PerMb;
+      post_value[static_cast<size_t>(o)] = w == Where::Post;
+    }
+  }
+}
+
+// 4. Values leaving the micro-batches: read by a node after them, or returned.
+void Microbatcher::decideCombinations() {
+  d_.combine.assign(g_.numValues(), Combine::None);
+  d_.cat_dim.assign(g_.numValues(), -1);
+  for (size_t vi = 0; vi < g_.numValues(); ++vi) {
+    auto v = static_cast<ValueId>(vi);
+    if (!producedPerMb(v)) continue;
+    NodeId reader = ir::kNoId;
+    for (NodeId u : users_[vi]) {
+      if (d_.where[static_cast<size_t>(u)] == Where::Post) reader = u;
+    }
+    if (reader == ir::kNoId && !is_output_[vi]) continue;
+    const ir::Value& val = g_.value(v);
+    std::string who = reader == ir::kNoId ? std::string("returned")
+                                          : fmt::format("read by {}", ref(reader));
+    MP_CHECK(val.type.isTensor(), UnsupportedOpError,
+             "{}: graph @{}: %{} ({}), computed from the batch size, is {} after the "
+             "micro-batches; its value differs per micro-batch",
+             kWho, g_.name(), val.name, ir::toString(val.type), who);
+    int dim = batchDimOf(val.type, d_.batch.symbol);
+    if (dim >= 0) {
+      d_.combine[vi] = Combine::Cat;
+      d_.cat_dim[vi] = dim;
+    } else if (v == d_.loss) {
+      d_.combine[vi] = Combine::Loss;
+    } else if (phaseOf(v) == Phase::Backward) {
+      d_.combine[vi] = Combine::Accumulate;
+    } else {
+      MP_THROW(UnsupportedOpError,
+               "{}: graph @{}: %{} = {} has no batch dimension but is computed from batched "
+               "data in the forward and {} after the micro-batches, and it is not the loss{}; "
+               "its micro-batch values do not combine into the full batch's{}",
+               kWho, g_.name(), val.name, producerOf(v).qualifiedName(), who,
+               d_.loss == ir::kNoId ? " (no loss found: set the loss option)" : "",
+               batchNormHint(producerOf(v).op));
+    }
+  }
+  bool gradients = std::any_of(d_.combine.begin(), d_.combine.end(),
+                               [](Combine c) { return c == Combine::Accumulate; });
+  MP_CHECK(!gradients || d_.seed != ir::kNoId || d_.sizes.size() == 1 || !d_.mean, ConfigError,
+           "{}: graph @{}: gradients are accumulated over micro-batches of a mean loss, but no "
+           "backward seed was found (a bwd ones_like(loss) node or a scalar tangent input); set "
+           "the seed option",
+           kWho, g_.name());
+}
+
+// 5. Random ops, in-place ops on shared values, batch statistics, the loss path.
+void Microbatcher::checkExactness() const {
+  std::vector<char> on = lossPath();
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    if (d_.where[n] != Where::PerMb) continue;
+    const ir::Node& nd = g_.nodes()[n];
+    auto id = static_cast<NodeId>(n);
+    MP_CHECK(o_.allow_random || !isRandomOp(nd.op), UnsupportedOpError,
+             "{}: graph @{}: {} draws random numbers per micro-batch, so its mask / samples "
+             "differ from the full batch's; set allow_random to accept that",
+             kWho, g_.name(), ref(id));
+    if (isInPlaceOp(nd.op) && !nd.args.empty()) {
+      nd.args[0].forEachValue([&](ValueId v) {
+        bool per_mb = producedPerMb(v) || (g_.inputIndex(v) &&
+                                           d_.batch.input_dim[*g_.inputIndex(v)] >= 0);
+        MP_CHECK(per_mb, UnsupportedOpError,
+                 "{}: graph @{}: in-place {} in the micro-batches mutates %{}, which all "
+                 "micro-batches share; write it out of place",
+                 kWho, g_.name(), ref(id), g_.value(v).name);
+      });
+    }
+    bool on_path = std::any_of(nd.outputs.begin(), nd.outputs.end(),
+                               [&](ValueId o) { return on[static_cast<size_t>(o)] != 0; });
+    if (on_path && !isReducer(id)) checkLinear(id, on);
+    if (on_path || nd.phase.value_or(Phase::Forward) != Phase::Forward) continue;
+    for (ValueId o : nd.outputs) {
+      const Type& t = g_.value(o).type;
+      if (!t.isTensor() || hasBatchDim(o)) continue;
+      MP_THROW(UnsupportedOpError,
+               "{}: graph @{}: %{} = {} reduces over the batch in the forward and is not the "
+               "loss: per micro-batch it would differ from the full batch's{}",
+               kWho, g_.name(), g_.value(o).name, nd.qualifiedName(), batchNormHint(nd.op));
+    }
+  }
+}
+
+// 6. The new graph: shared nodes, then per micro-batch (slices, seed scale,
+// copies, gradient and loss accumulation), then concatenations, then the
+// nodes after the micro-batches.
+ir::Graph Microbatcher::build() {
+  const std::string& sym = d_.batch.symbol;
+  const size_t nmb = d_.sizes.size();
+  ir::Graph out(g_.name());
+  auto fresh = [&](const std::string& base) {
+    std::string name = base;
+    for (int i = 1; out.findValue(name); ++i) name = fmt::format("{}_{}", base, i);
+    return name;
+  };
+  std::vector<ValueId> shared(g_.numValues(), ir::kNoId), combined(g_.numValues(), ir::kNoId);
+  for (const ir::Input& in : g_.inputs()) {
+    const ir::Value& v = g_.value(in.value);
+    shared[static_cast<size_t>(in.value)] =
+        out.addInput(v.name, instantiate(v.type, sym, d_.total), in.role, in.device);
+  }
+  // Copies node n reading through `lookup`; returns the new node.
+  auto copyNode = [&](const ir::Node& nd, auto&& lookup, const std::string& suffix,
+                      std::optional<int64_t> b) {
+    std::vector<Arg> args = nd.args;
+    for (Arg& a : args) rewriteArgs(a, lookup);
+    std::vector<std::pair<std::string, Type>> outs;
+    for (ValueId o : nd.outputs) {
+      const ir::Value& v = g_.value(o);
+      outs.emplace_back(fresh(v.name + suffix), instantiate(v.type, sym, b.value_or(d_.total)));
+    }
+    NodeId n = out.addNode(nd.qualifiedName(), std::move(args), std::move(outs));
+    ir::Node& c = out.node(n);
+    c.layer = nd.layer;
+    c.phase = nd.phase;
+    c.device = nd.device;
+    if (!nd.label.empty()) {
+      std::string label = nd.label + suffix;
+      for (int i = 1; out.findLabel(label); ++i) label = fmt::format("{}{}_{}", nd.label, suffix, i);
+      out.setLabel(n, label);
+    }
+    return n;
+  };
+  auto addAttrs = [&](NodeId n, std::string layer, Phase phase, std::optional<int> mb) {
+    out.node(n).layer = std::move(layer);
+    out.node(n).phase = phase;
+    out.node(n).microbatch = mb;
+  };
+  auto sharedLookup = [&](ValueId v) -> Arg {
+    if (v == d_.batch.size_input) return Arg::integer(d_.total);
+    ValueId c = combined[static_cast<size_t>(v)];
+    MP_INTERNAL_ASSERT(c != ir::kNoId || shared[static_cast<size_t>(v)] != ir::kNoId,
+                       "microbatch: %{} has no copy", g_.value(v).name);
+    return Arg::value(c != ir::kNoId ? c : shared[static_cast<size_t>(v)]);
+  };
+
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    if (d_.where[n] != Where::Shared) continue;
+    const ir::Node& nd = g_.nodes()[n];
+    NodeId c = copyNode(nd, sharedLookup, "", std::nullopt);
+    out.node(c).cost = nd.cost;
+    for (size_t i = 0; i < nd.outputs.size(); ++i) {
+      shared[static_cast<size_t>(nd.outputs[i])] = out.node(c).outputs[i];
+    }
+  }
+
+  // First per-micro-batch reader of each value (the layer of slices, scales).
+  std::vector<NodeId> first_reader(g_.numValues(), ir::kNoId);
+  for (size_t n = g_.numNodes(); n-- > 0;) {
+    if (d_.where[n] != Where::PerMb) continue;
+    for (ValueId v : g_.nodes()[n].inputs()) first_reader[static_cast<size_t>(v)] = static_cast<NodeId>(n);
+  }
+  auto layerOfReader = [&](ValueId v) {
+    NodeId r = first_reader[static_cast<size_t>(v)];
+    return r == ir::kNoId ? std::string() : g_.node(r).layer;
+  };
+
+  std::vector<ValueId> acc(g_.numValues(), ir::kNoId);
+  std::vector<std::vector<ValueId>> parts(g_.numValues());
+  int64_t start = 0;
+  for (size_t k = 0; k < nmb; ++k) {
+    const int64_t bk = d_.sizes[k];
+    const auto mb = static_cast<int>(k);
+    const std::string suffix = fmt::format(".mb{}", k);
+    const double w = d_.weight(k);
+    const bool last = k + 1 == nmb;
+    std::vector<ValueId> local(g_.numValues(), ir::kNoId);
+    auto scaleSeed = [&](ValueId v, const std::string& name, const std::string& layer) {
+      if (w == 1.0) return v;
+      NodeId s = out.addNode("aten::mul.Scalar", {Arg::value(v), Arg::floating(w)},
+                             {{fresh(name), out.value(v).type}});
+      addAttrs(s, layer, Phase::Backward, mb);
+      return out.node(s).outputs[0];
+    };
+    // Slices of the batched inputs, the scaled seed root.
+    for (size_t i = 0; i < g_.inputs().size(); ++i) {
+      ValueId v = g_.inputs()[i].value;
+      int dim = d_.batch.input_dim[i];
+      if (dim < 0 || first_reader[static_cast<size_t>(v)] == ir::kNoId) continue;
+      const ir::Value& val = g_.value(v);
+      NodeId s = out.addNode("aten::narrow",
+                             {Arg::value(shared[static_cast<size_t>(v)]), Arg::integer(dim),
+                              Arg::integer(start), Arg::integer(bk)},
+                             {{fresh(val.name + suffix), instantiate(val.type, sym, bk)}});
+      addAttrs(s, layerOfReader(v), Phase::Forward, mb);
+      local[static_cast<size_t>(v)] = out.node(s).outputs[0];
+    }
+    if (d_.seed_is_root) {
+      ValueId s = shared[static_cast<size_t>(d_.seed)];
+      local[static_cast<size_t>(d_.seed)] =
+          scaleSeed(s, g_.value(d_.seed).name + suffix, layerOfReader(d_.seed));
+    }
+    auto lookup = [&](ValueId v) -> Arg {
+      if (v == d_.batch.size_input) return Arg::integer(bk);
+      ValueId l = local[static_cast<size_t>(v)];
+      return l != ir::kNoId ? Arg::value(l) : sharedLookup(v);
+    };
+    for (size_t n = 0; n < g_.numNodes(); ++n) {
+      if (d_.where[n] != Where::PerMb) continue;
+      const ir::Node& nd = g_.nodes()[n];
+      NodeId c = copyNode(nd, lookup, suffix, bk);
+      out.node(c).microbatch = mb;
+      if (nd.cost) {  // a micro-batch does b_k/B of the work; weights count once
+        ir::Cost cost = *nd.cost;
+        double f = static_cast<double>(bk) / static_cast<double>(d_.total);
+        cost.time_us *= f;
+        cost.output_bytes = static_cast<int64_t>(std::llround(static_cast<double>(cost.output_bytes) * f));
+        cost.temp_bytes = static_cast<int64_t>(std::llround(static_cast<double>(cost.temp_bytes) * f));
+        if (k > 0) cost.persistent_bytes = 0;
+        out.node(c).cost = cost;
+      }
+      for (size_t i = 0; i < nd.outputs.size(); ++i) {
+        ValueId o = nd.outputs[i];
+        auto oi = static_cast<size_t>(o);
+        ValueId copy = out.node(c).outputs[i];
+        local[oi] = copy;
+        const std::string& name = g_.value(o).name;
+        if (o == d_.seed) local[oi] = scaleSeed(copy, name + suffix + ".scaled", nd.layer);
+        switch (d_.combine[oi]) {
+          case Combine::None: break;
+          case Combine::Cat: parts[oi].push_back(copy); break;
+          case Combine::Loss:
+          case Combine::Accumulate: {
+            double wk = d_.combine[oi] == Combine::Loss ? w : 1.0;
+            std::string acc_name = last ? name : fmt::format("{}.acc{}", name, k);
+            NodeId a = ir::kNoId;
+            if (k == 0 && wk != 1.0) {
+              a = out.addNode("aten::mul.Scalar", {Arg::value(copy), Arg::floating(wk)},
+                              {{fresh(acc_name), out.value(copy).type}});
+            } else if (k > 0) {
+              std::vector<Arg> args{Arg::value(acc[oi]), Arg::value(copy)};
+              if (wk != 1.0) args.push_back(Arg::floating(wk).withKeyword("alpha"));
+              a = out.addNode("aten::add.Tensor", std::move(args),
+                              {{fresh(acc_name), out.value(copy).type}});
+            }
+            if (a != ir::kNoId) addAttrs(a, nd.layer, nd.phase.value_or(Phase::Forward), mb);
+            acc[oi] = a == ir::kNoId ? copy : out.node(a).outputs[0];
+            if (last) combined[oi] = acc[oi];
+            break;
+          }
+        }
+      }
+    }
+    start += bk;
+  }
+  for (size_t vi = 0; vi < g_.numValues(); ++vi) {
+    if (d_.combine[vi] != Combine::Cat) continue;
+    if (parts[vi].size() == 1) {
+      combined[vi] = parts[vi][0];
+      continue;
+    }
+    const ir::Value& val = g_.value(static_cast<ValueId>(vi));
+    std::vector<Arg> items;
+    for (ValueId p : parts[vi]) items.push_back(Arg::value(p));
+    NodeId c = out.addNode("aten::cat", {Arg::list(std::move(items)), Arg::integer(d_.cat_dim[vi])},
+                           {{fresh(val.name), instantiate(val.type, sym, d_.total)}});
+    const ir::Node& prod = g_.node(val.producer);
+    addAttrs(c, prod.layer, prod.phase.value_or(Phase::Forward), std::nullopt);
+    combined[vi] = out.node(c).outputs[0];
+  }
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    if (d_.where[n] != Where::Post) continue;
+    const ir::Node& nd = g_.nodes()[n];
+    NodeId c = copyNode(nd, sharedLookup, "", std::nullopt);
+    out.node(c).cost = nd.cost;
+    for (size_t i = 0; i < nd.outputs.size(); ++i) {
+      shared[static_cast<size_t>(nd.outputs[i])] = out.node(c).outputs[i];
+    }
+  }
+  std::vector<ValueId> outputs;
+  for (ValueId v : g_.outputs()) {
+    Arg a = sharedLookup(v);
+    MP_INTERNAL_ASSERT(a.isValue(), "microbatch: output %{} is the batch size", g_.value(v).name);
+    outputs.push_back(a.toValue());
+  }
+  out.setOutputs(std::move(outputs));
+  return out;
+}
+
+}  // namespace microbatch_detail
+
+std::vector<int64_t> microbatchSizes(int64_t batch, int microbatches) {
+  MP_CHECK(microbatches >= 1, ConfigError, "{}: microbatches must be >= 1, got {}", microbatch_detail::kWho,
+           microbatches);
+  MP_CHECK(batch >= 1, ConfigError, "{}: batch_size must be >= 1, got {}", microbatch_detail::kWho, batch);
+  MP_CHECK(microbatches <= batch, ConfigError,
+           "{}: {} micro-batches asked for a batch of {}: each micro-batch needs at least one "
+           "sample; use at most {} micro-batches or a larger batch",
+           microbatch_detail::kWho, microbatches, batch, batch);
+  const int64_t chunk = (batch + microbatches - 1) / microbatches;
+  std::vector<int64_t> sizes;
+  for (int64_t s = 0; s < batch; s += chunk) sizes.push_back(std::min(chunk, batch - s));
+  return sizes;
+}
+
+ir::Graph microbatch(const ir::Graph& g, const MicrobatchOptions& options) {
+  return microbatch_detail::Microbatcher(g, options).run();
+}
+
+LossReduction parseLossReduction(std::string_view s) {
+  if (s == "auto") return LossReduction::Auto;
+  if (s == "mean") return LossReduction::Mean;
+  if (s == "sum") return LossReduction::Sum;
+  MP_THROW(ConfigError, "{}: loss_reduction '{}' is not one of auto, mean, sum", microbatch_detail::kWho, s);
+}
+
+}  // namespace modelpar::passes

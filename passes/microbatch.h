@@ -1,0 +1,108 @@
+// Pass `microbatch`: splits a training step into micro-batches whose
+// combined result is the full-batch step (GPipe / torchgpipe, seed 002 §2:
+// x = (x_1, ..., x_m), forward F_{i,j} and backward B_{i,j} per micro-batch,
+// parameter gradients summed over i).
+//
+// Terms. The batch symbol S is the symbolic size the user inputs share at
+// their batch dimension (`%x: f32[B, 16] input` -> S = B, dim 0). A value is
+// *batched* when it depends on a batched input, on the int input named S
+// (torch.compile's `%s0: int input`), or on the backward seed. Per
+// micro-batch k of size b_k:
+//   * every batched node that is not an update node is copied once with
+//     `mb=k`: S becomes the constant b_k in its types and in every argument
+//     that reads the S int input; dimension expressions torch.compile writes
+//     (`e_16xs0`) are evaluated when they are products/sums of S and ints;
+//   * a batched input is sliced by `aten::narrow(x, dim, start_k, b_k)`
+//     (mb=k, phase fwd, the layer of its first reader);
+//   * nodes that read no batched value (weight transposes, ...) stay once,
+//     without `mb`; update-phase nodes come after every micro-batch.
+// Values leaving the micro-batches (read by update nodes or returned):
+//   * with the batch dimension (predictions, input gradients): `aten::cat`
+//     of the copies along it (no mb);
+//   * the loss: Σ_k w_k·loss_k, and the backward seed of micro-batch k (the
+//     `ones_like(loss)` node, or a tangent input) is multiplied by w_k, with
+//     w_k = b_k/B for a mean-reduced loss and 1 for a sum. The backward is
+//     linear in its seed, so every gradient then equals the full batch's;
+//   * a parameter gradient (a backward value without the batch dimension):
+//     accumulated in micro-batch order, acc_k = acc_{k-1} + g_k by
+//     `aten::add.Tensor` with mb=k, phase bwd and g's layer (it can run on the
+//     stage as soon as micro-batch k's backward there is done).
+// The combined values keep their original names; copies are `<name>.mb<k>`.
+//
+// Split rule (torch.chunk's, as torchgpipe scatters): every micro-batch has
+// ceil(B/m) samples but the last, which has the rest; so B=10, m=3 gives
+// 4,4,2 and B=10, m=4 gives 3,3,3,1. Like torch.chunk this may give fewer
+// than m micro-batches (B=10, m=6: five of 2); microbatchSizes() says.
+//
+// Preconditions: the batch dimension is symbolic (a static size is baked into
+// view sizes and the numel mean's backward divides by, so it cannot be
+// rewritten exactly); nodes carry `phase` (a graph without phases is treated
+// as a forward: its batched outputs are concatenated). Refuses
+// (UnsupportedOpError naming the node) what cannot be exact: a value without
+// the batch dimension computed from batched data in the forward that is not
+// the loss (batch-norm statistics: deferred batch norm is not supported yet),
+// a loss that is not a weighted sum of its micro-batches' losses, random ops
+// (unless allow_random), in-place ops on shared values, sizes derived from
+// the batch leaving the micro-batches. Guarantees: the caller's graph is not
+// modified; the result verifies; every dimension that is S, or an
+// expression of S and integers, is static in it.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ir/graph.h"
+
+namespace modelpar::passes {
+
+inline constexpr std::string_view kMicrobatchPassId = "microbatch";
+
+/// How the loss reduces over the batch: the weight of micro-batch k's loss.
+enum class LossReduction : uint8_t {
+  Auto,  ///< from the op that reduces over the batch (mean, sum, *_loss reduction=)
+  Mean,  ///< w_k = b_k / B
+  Sum,   ///< w_k = 1
+};
+
+struct MicrobatchOptions {
+  /// m >= 1: the number of micro-batches asked for (see the split rule).
+  int microbatches = 1;
+  /// B, the full batch size (required): the value of the batch symbol.
+  std::optional<int64_t> batch_size;
+  /// The batch symbol; empty: the symbol the `input` tensors share at their
+  /// batch dimension (dim 0 unless batch_dims says otherwise).
+  std::string batch_symbol;
+  /// Per input name (without '%'): its batch dimension, or -1 for "not
+  /// batched". Inputs not listed are batched at their first dimension whose
+  /// size is the batch symbol.
+  std::vector<std::pair<std::string, int>> batch_dims;
+  /// The loss output's value name; empty: the scalar forward output read by
+  /// the backward seed (or the only one, with a tangent-input seed).
+  std::string loss;
+  /// The backward seed's value name (a node output or a graph input); empty:
+  /// the `ones_like(loss)` node, else the one scalar input read only by
+  /// backward nodes.
+  std::string seed;
+  LossReduction loss_reduction = LossReduction::Auto;
+  /// Allow random ops in the micro-batches: they then draw per micro-batch,
+  /// so the result is a valid step but not the full batch's bit for bit.
+  bool allow_random = false;
+};
+
+/// The micro-batch sizes the split rule gives for batch b and m micro-batches
+/// (torch.chunk's). Throws ConfigError when m < 1, b < 1 or m > b.
+std::vector<int64_t> microbatchSizes(int64_t batch, int microbatches);
+
+/// Returns the micro-batched copy of g (see the file comment). Throws
+/// ConfigError for bad options or a static batch dimension, and
+/// UnsupportedOpError where the split cannot equal the full batch.
+ir::Graph microbatch(const ir::Graph& g, const MicrobatchOptions& options);
+
+/// Parses "auto" | "mean" | "sum"; ConfigError otherwise.
+LossReduction parseLossReduction(std::string_view s);
+
+}  // namespace modelpar::passes

@@ -1,0 +1,123 @@
+"""Pipeline-parallel graph rewrites from Python: ``microbatch`` splits a
+training-step graph into micro-batches whose combined result is the full
+batch's (passes/microbatch.h), and ``checkpoint`` makes the backward of
+chosen (stage, micro-batch) pairs read recomputed forward values instead of
+stored ones (passes/checkpoint.h).
+
+Example::
+
+    g = modelpar.load_graph("examples/ir/mlp_step_symbolic.txt")   # x: f32[B, 16]
+    mb = modelpar.microbatch(g, microbatches=4, batch_size=32)      # 4 copies, mb=0..3
+    stages = {"fc1": 0, "fc2": 1, "loss": 1}
+    ck = modelpar.checkpoint(mb, stages, mode="except_last")
+    ck.graph, ck.stage_of_node, ck.groups                          # recompute nodes per (stage, mb)
+    modelpar.run_graph(ck.graph, inputs)                             # == run_graph(g, inputs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple, Union
+
+from . import _C
+from .errors import ConfigError
+from .ir import Graph
+
+__all__ = ["CHECKPOINT_MODES", "CheckpointResult", "checkpoint", "microbatch", "microbatch_sizes"]
+
+#: The checkpoint modes, by name (torchgpipe's ``checkpoint=`` values).
+CHECKPOINT_MODES: tuple[str, ...] = ("always", "except_last", "never")
+
+
+def _require() -> None:
+    if not hasattr(_C, "microbatch"):
+        raise ConfigError("modelpar pipeline passes: this build has no passes/ "
+                          "(MODELPAR_WITH_PASSES=OFF); rebuild with it")
+
+
+def microbatch_sizes(batch: int, microbatches: int) -> list[int]:
+    """The micro-batch sizes ``microbatch`` uses: torch.chunk's rule (each
+    ``ceil(batch / microbatches)``, the last the rest; may be fewer than asked).
+
+    Raises:
+        ConfigError: microbatches < 1, batch < 1, or microbatches > batch.
+    """
+    _require()
+    return _C.microbatch_sizes(int(batch), int(microbatches))
+
+
+def microbatch(graph: Graph, microbatches: int, batch_size: int, *, batch_symbol: str = "",
+               batch_dims: Mapping[str, int] | None = None, loss: str = "", seed: str = "",
+               loss_reduction: str = "auto", allow_random: bool = False) -> Graph:
+    """Splits a training-step graph with a symbolic batch dimension into
+    micro-batches (passes/microbatch.h): per micro-batch copies (``mb=k``)
+    of every node that depends on the batch, inputs sliced with
+    ``aten::narrow``, outputs with the batch dimension concatenated,
+    parameter gradients accumulated and the loss combined as Σ w_k·loss_k
+    (w_k = b_k/B for a mean loss, 1 for a sum; the backward seed of each
+    micro-batch is scaled alike), so results equal the full batch's.
+
+    Args:
+        graph: the step; its ``input`` tensors carry the batch symbol
+            (``f32[B, 16]``, or ``s0`` from ``torch.compile(dynamic=True)``).
+        microbatches: m >= 1.
+        batch_size: B, the batch the graph will run on.
+        batch_symbol: the batch symbol; "" finds it at dim 0 of the inputs.
+        batch_dims: input name -> batch dim, or -1 for "not batched".
+        loss: name of the loss output ("" finds it).
+        seed: name of the backward seed ("" finds ``ones_like(loss)`` or a
+            scalar tangent input).
+        loss_reduction: "auto", "mean" or "sum".
+        allow_random: accept random ops (dropout) drawing per micro-batch.
+
+    Raises:
+        ConfigError: a bad option, or a static batch dimension.
+        UnsupportedOpError: the split cannot equal the full batch (batch
+            norm statistics, random ops, a loss that is not a weighted sum, ...).
+    """
+    _require()
+    return _C.microbatch(graph, int(microbatches), int(batch_size), batch_symbol,
+                         list((batch_dims or {}).items()), loss, seed, loss_reduction,
+                         bool(allow_random))
+
+
+class CheckpointResult(NamedTuple):
+    """What ``checkpoint`` returns: the graph, the stage of each of its
+    nodes, and per checkpointed (stage, micro-batch) the names of its
+    recompute nodes in graph order (``[(stage, mb, [name, ...]), ...]``)."""
+
+    graph: Graph
+    stage_of_node: list[int]
+    groups: list[tuple[int, int, list[str]]]
+
+
+def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
+               mode: str = "except_last") -> CheckpointResult:
+    """Checkpointing of a micro-batched graph (passes/checkpoint.h): for each
+    checkpointed (stage, micro-batch), the forward nodes whose results its
+    backward reads are recomputed (``phase=recompute``) from the stage's
+    inputs, and the backward reads the copies; random ops (dropout masks)
+    are kept, not recomputed, so the recomputation is exact.
+
+    Args:
+        graph: a graph from ``microbatch``.
+        stages: the stage of every node (a list, one per node), or a dict
+            layer -> stage (every node's layer must be in it).
+        mode: "always", "except_last" (every micro-batch but the last,
+            torchgpipe's default) or "never".
+
+    Raises:
+        ConfigError: a bad mode or stage list, a layer missing from ``stages``.
+    """
+    _require()
+    if isinstance(stages, Mapping):
+        per_node = []
+        for i, layer in enumerate(_C.node_layers(graph)):
+            if layer not in stages:
+                raise ConfigError(f"modelpar checkpoint: node {i} has layer '{layer}', which the "
+                                  f"stages dict does not map (it maps {sorted(stages)})")
+            per_node.append(int(stages[layer]))
+    else:
+        per_node = [int(s) for s in stages]
+    g, stage_of_node, groups = _C.checkpoint(graph, per_node, mode)
+    return CheckpointResult(g, stage_of_node, groups)
