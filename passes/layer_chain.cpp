@@ -54,8 +54,8 @@ LayerChain chainFromGraph(const ir::Graph& g, const ChainOptions& options) {
     if (n.phase && *n.phase == ir::Phase::Update) continue;
     MP_CHECK(!n.layer.empty(), ConfigError,
              "modelpar partition: node {} ({}) in graph @{} has no layer; chainFromGraph needs a "
-             "layer attribute on every forward and backward node", g.nodeRef(static_cast<ir::NodeId>(i)),
-             n.qualifiedName(), g.name());
+             "layer attribute on every forward and backward node",
+             g.nodeRef(static_cast<ir::NodeId>(i)), n.qualifiedName(), g.name());
     MP_CHECK(n.cost.has_value(), ConfigError,
              "modelpar partition: node {} (layer '{}') has no cost; run the cost pass first",
              g.nodeRef(static_cast<ir::NodeId>(i)), n.layer);
@@ -132,7 +132,9 @@ LayerChain chainFromGraph(const ir::Graph& g, const ChainOptions& options) {
           denseBytes(g, static_cast<ir::ValueId>(v));
     }
   }
-  for (const auto& [l, v] : stored) chain.layers[static_cast<size_t>(l)].stored_bytes += denseBytes(g, v);
+  for (const auto& [l, v] : stored) {
+    chain.layers[static_cast<size_t>(l)].stored_bytes += denseBytes(g, v);
+  }
   // The value made at position i and last read at j > i crosses the cuts
   // after positions max(i, 0) .. j-1 (difference array over cuts).
   std::vector<int64_t> delta(chain.layers.size() + 1, 0);

@@ -14,6 +14,9 @@ namespace modelpar::passes {
 
 namespace {
 
+// Index of a vector from an int.
+constexpr size_t idx(int64_t i) { return static_cast<size_t>(i); }
+
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // Exact min-max split of costs[0..L) into exactly `blocks` non-empty
@@ -24,10 +27,10 @@ std::vector<int> minMaxSplit(std::span<const double> costs, int max_blocks, bool
                              Edge edge) {
   const int L = static_cast<int>(costs.size());
   const int P = std::min(max_blocks, L);
-  std::vector<double> prefix(static_cast<size_t>(L) + 1, 0.0);
-  for (int i = 0; i < L; ++i) prefix[static_cast<size_t>(i) + 1] = prefix[static_cast<size_t>(i)] + costs[static_cast<size_t>(i)];
-  auto at = [&](int p, int j) { return static_cast<size_t>(p) * (static_cast<size_t>(L) + 1) + static_cast<size_t>(j); };
-  std::vector<double> best(static_cast<size_t>(P + 1) * (static_cast<size_t>(L) + 1), kInf);
+  std::vector<double> prefix(idx(L) + 1, 0.0);
+  for (int i = 0; i < L; ++i) prefix[idx(i) + 1] = prefix[idx(i)] + costs[idx(i)];
+  auto at = [&](int p, int j) { return idx(p) * (idx(L) + 1) + idx(j); };
+  std::vector<double> best(idx(P + 1) * (idx(L) + 1), kInf);
   std::vector<int> arg(best.size(), -1);
   best[at(0, 0)] = 0;
   for (int p = 1; p <= P; ++p) {
@@ -35,7 +38,7 @@ std::vector<int> minMaxSplit(std::span<const double> costs, int max_blocks, bool
       for (int k = j - 1; k >= p - 1; --k) {
         double prev = best[at(p - 1, k)];
         if (prev == kInf) continue;
-        double v = std::max(prev, prefix[static_cast<size_t>(j)] - prefix[static_cast<size_t>(k)]);
+        double v = std::max(prev, prefix[idx(j)] - prefix[idx(k)]);
         if (k > 0) v = std::max(v, edge(k - 1));
         if (v < best[at(p, j)]) {
           best[at(p, j)] = v;
@@ -51,17 +54,18 @@ std::vector<int> minMaxSplit(std::span<const double> costs, int max_blocks, bool
       if (best[at(p, L)] < best[at(bp, L)]) bp = p;
     }
   }
-  std::vector<int> begin(static_cast<size_t>(bp));
+  std::vector<int> begin(idx(bp));
   for (int p = bp, j = L; p > 0; --p) {
     j = arg[at(p, j)];
-    begin[static_cast<size_t>(p) - 1] = j;
+    begin[idx(p) - 1] = j;
   }
   return begin;
 }
 
 void checkOptions(const LayerChain& chain, const PartitionOptions& o) {
   chain.validate();
-  MP_CHECK(o.devices >= 1, ConfigError, "modelpar partition: devices is {}; use at least 1", o.devices);
+  MP_CHECK(o.devices >= 1, ConfigError, "modelpar partition: devices is {}; use at least 1",
+           o.devices);
   MP_CHECK(o.microbatches >= 1, ConfigError,
            "modelpar partition: microbatches is {}; use at least 1", o.microbatches);
   MP_CHECK(o.memory_bytes > 0, ConfigError, "modelpar partition: memory_bytes is {}; give the "
@@ -71,7 +75,8 @@ void checkOptions(const LayerChain& chain, const PartitionOptions& o) {
            o.bandwidth_bytes_per_s);
   MP_CHECK(std::isfinite(o.latency_us) && o.latency_us >= 0, ConfigError,
            "modelpar partition: latency_us is {}; use a finite value >= 0", o.latency_us);
-  MP_CHECK(o.madpipe_iterations >= 1 && o.madpipe_delay_buckets >= 1 && o.madpipe_memory_buckets >= 1,
+  MP_CHECK(o.madpipe_iterations >= 1 && o.madpipe_delay_buckets >= 1 &&
+               o.madpipe_memory_buckets >= 1,
            ConfigError, "modelpar partition: madpipe_iterations / _delay_buckets / _memory_buckets "
            "are {} / {} / {}; each must be >= 1", o.madpipe_iterations, o.madpipe_delay_buckets,
            o.madpipe_memory_buckets);
@@ -89,18 +94,19 @@ std::string_view name(PipelineSchedule s) {
 }
 
 std::optional<PipelineSchedule> parsePipelineSchedule(std::string_view s) {
-  for (auto k : {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::OneFOneBStar}) {
+  for (auto k :
+       {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::OneFOneBStar}) {
     if (name(k) == s) return k;
   }
   return std::nullopt;
 }
 
 int StagePartition::stageEnd(int s, int num_layers) const {
-  return s + 1 < numStages() ? stage_begin[static_cast<size_t>(s) + 1] : num_layers;
+  return s + 1 < numStages() ? stage_begin[idx(s) + 1] : num_layers;
 }
 
 double cutTime(const LayerChain& chain, int c, const PartitionOptions& o) {
-  double bytes = static_cast<double>(chain.layers.at(static_cast<size_t>(c)).out_bytes);
+  double bytes = static_cast<double>(chain.layers.at(idx(c)).out_bytes);
   return 2.0 * (o.latency_us + bytes * 1e6 / o.bandwidth_bytes_per_s);
 }
 
@@ -123,13 +129,14 @@ int groupOf(double delay, double period) {
 
 }  // namespace detail
 
-std::vector<int> oneFOneBStarGroups(std::span<const double> stage_us, std::span<const double> cut_us,
-                                    double period_us) {
+std::vector<int> oneFOneBStarGroups(std::span<const double> stage_us,
+                                    std::span<const double> cut_us, double period_us) {
   const size_t S = stage_us.size();
   MP_CHECK(std::isfinite(period_us) && period_us > 0, ConfigError,
            "modelpar 1f1b*: period {} us; use a finite period > 0", period_us);
   MP_CHECK(cut_us.empty() || cut_us.size() + 1 == S, ConfigError,
-           "modelpar 1f1b*: {} stages need {} cut times, got {}", S, S == 0 ? 0 : S - 1, cut_us.size());
+           "modelpar 1f1b*: {} stages need {} cut times, got {}", S, S == 0 ? 0 : S - 1,
+           cut_us.size());
   std::vector<int> groups(S, 1);
   double v = 0;
   for (size_t i = S; i-- > 0;) {
@@ -153,17 +160,17 @@ std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int mic
                                      std::span<const int> groups) {
   MP_CHECK(num_stages >= 0 && microbatches >= 1, ConfigError,
            "modelpar partition: {} stages, {} micro-batches", num_stages, microbatches);
-  std::vector<int> a(static_cast<size_t>(num_stages));
+  std::vector<int> a(idx(num_stages));
   for (int i = 0; i < num_stages; ++i) {
     int k = microbatches;
     if (s == PipelineSchedule::OneFOneB) k = std::min(microbatches, num_stages - i);
     if (s == PipelineSchedule::OneFOneBStar) {
-      MP_CHECK(groups.size() == static_cast<size_t>(num_stages), ConfigError,
+      MP_CHECK(groups.size() == idx(num_stages), ConfigError,
                "modelpar partition: 1f1b* needs the group of each of {} stages, got {}",
                num_stages, groups.size());
-      k = std::min(microbatches, groups[static_cast<size_t>(i)]);
+      k = std::min(microbatches, groups[idx(i)]);
     }
-    a[static_cast<size_t>(i)] = k;
+    a[idx(i)] = k;
   }
   return a;
 }
@@ -173,20 +180,20 @@ std::vector<int64_t> stageMemory(const LayerChain& chain, std::span<const int> s
   const int L = chain.size(), S = static_cast<int>(stage_begin.size());
   MP_CHECK(activations.size() == stage_begin.size(), ConfigError,
            "modelpar partition: {} stages but {} activation counts", S, activations.size());
-  std::vector<int64_t> mem(static_cast<size_t>(S), 0);
+  std::vector<int64_t> mem(idx(S), 0);
   for (int s = 0; s < S; ++s) {
-    int k = stage_begin[static_cast<size_t>(s)];
-    int l = s + 1 < S ? stage_begin[static_cast<size_t>(s) + 1] : L;
+    int k = stage_begin[idx(s)];
+    int l = s + 1 < S ? stage_begin[idx(s) + 1] : L;
     double w = 0;
     int64_t a = 0;
     for (int i = k; i < l; ++i) {
-      w += static_cast<double>(chain.layers[static_cast<size_t>(i)].weight_bytes);
-      a += chain.layers[static_cast<size_t>(i)].stored_bytes;
+      w += static_cast<double>(chain.layers[idx(i)].weight_bytes);
+      a += chain.layers[idx(i)].stored_bytes;
     }
-    int64_t m = static_cast<int64_t>(std::ceil(w * chain.weight_copies)) + activations[static_cast<size_t>(s)] * a;
-    if (k > 0) m += 2 * chain.layers[static_cast<size_t>(k) - 1].out_bytes;
-    if (l < L) m += 2 * chain.layers[static_cast<size_t>(l) - 1].out_bytes;
-    mem[static_cast<size_t>(s)] = m;
+    int64_t m = static_cast<int64_t>(std::ceil(w * chain.weight_copies)) + activations[idx(s)] * a;
+    if (k > 0) m += 2 * chain.layers[idx(k) - 1].out_bytes;
+    if (l < L) m += 2 * chain.layers[idx(l) - 1].out_bytes;
+    mem[idx(s)] = m;
   }
   return mem;
 }
@@ -199,11 +206,11 @@ StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage
            "modelpar partition: a plan needs stage_begin starting at 0 and one device per stage "
            "({} stages, {} devices)", S, stage_device.size());
   for (int s = 0; s < S; ++s) {
-    MP_CHECK((s == 0 || stage_begin[static_cast<size_t>(s)] > stage_begin[static_cast<size_t>(s) - 1]) &&
-                 stage_begin[static_cast<size_t>(s)] < L,
+    MP_CHECK((s == 0 || stage_begin[idx(s)] > stage_begin[idx(s) - 1]) &&
+                 stage_begin[idx(s)] < L,
              ConfigError, "modelpar partition: stage {} begins at layer {}; stage starts must rise "
-             "strictly within 0..{}", s, stage_begin[static_cast<size_t>(s)], L - 1);
-    int d = stage_device[static_cast<size_t>(s)];
+             "strictly within 0..{}", s, stage_begin[idx(s)], L - 1);
+    int d = stage_device[idx(s)];
     MP_CHECK(d >= 0 && d < o.devices, ConfigError,
              "modelpar partition: stage {} is on device {} of {}", s, d, o.devices);
   }
@@ -215,20 +222,22 @@ StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage
   p.stage_device = std::move(stage_device);
 
   // Loads: stage times, cut times, device sums.
-  std::vector<double> stage_us(static_cast<size_t>(S), 0.0), cut_us;
-  std::vector<double> device_us(static_cast<size_t>(o.devices), 0.0);
+  std::vector<double> stage_us(idx(S), 0.0), cut_us;
+  std::vector<double> device_us(idx(o.devices), 0.0);
   for (int s = 0; s < S; ++s) {
-    for (int i = p.stage_begin[static_cast<size_t>(s)]; i < p.stageEnd(s, L); ++i) stage_us[static_cast<size_t>(s)] += chain.time(i);
-    device_us[static_cast<size_t>(p.stage_device[static_cast<size_t>(s)])] += stage_us[static_cast<size_t>(s)];
-    if (s > 0) cut_us.push_back(cutTime(chain, p.stage_begin[static_cast<size_t>(s)] - 1, o));
+    for (int i = p.stage_begin[idx(s)]; i < p.stageEnd(s, L); ++i) {
+      stage_us[idx(s)] += chain.time(i);
+    }
+    device_us[idx(p.stage_device[idx(s)])] += stage_us[idx(s)];
+    if (s > 0) cut_us.push_back(cutTime(chain, p.stage_begin[idx(s)] - 1, o));
   }
   p.load_period_us = *std::max_element(device_us.begin(), device_us.end());
   for (double c : cut_us) p.load_period_us = std::max(p.load_period_us, c);
 
   auto deviceMemory = [&](const std::vector<int>& acts) {
     std::vector<int64_t> per_stage = stageMemory(chain, p.stage_begin, acts);
-    std::vector<int64_t> dev(static_cast<size_t>(o.devices), 0);
-    for (int s = 0; s < S; ++s) dev[static_cast<size_t>(p.stage_device[static_cast<size_t>(s)])] += per_stage[static_cast<size_t>(s)];
+    std::vector<int64_t> dev(idx(o.devices), 0);
+    for (int s = 0; s < S; ++s) dev[idx(p.stage_device[idx(s)])] += per_stage[idx(s)];
     return dev;
   };
   auto fitsAll = [&](const std::vector<int64_t>& dev) {
@@ -247,8 +256,8 @@ StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage
   // the load period or one of those totals.
   std::vector<double> elems;
   for (int s = 0; s < S; ++s) {
-    elems.push_back(stage_us[static_cast<size_t>(s)]);
-    if (s + 1 < S) elems.push_back(cut_us[static_cast<size_t>(s)]);
+    elems.push_back(stage_us[idx(s)]);
+    if (s + 1 < S) elems.push_back(cut_us[idx(s)]);
   }
   std::vector<double> candidates{p.load_period_us};
   for (size_t i = 0; i < elems.size(); ++i) {
@@ -285,12 +294,12 @@ std::vector<int> balanceBlocks(std::span<const double> costs, int blocks) {
 
 std::vector<int> pipedreamSplit(const LayerChain& chain, const PartitionOptions& o) {
   checkOptions(chain, o);
-  std::vector<double> t(static_cast<size_t>(chain.size()));
-  for (int i = 0; i < chain.size(); ++i) t[static_cast<size_t>(i)] = chain.time(i);
+  std::vector<double> t(idx(chain.size()));
+  for (int i = 0; i < chain.size(); ++i) t[idx(i)] = chain.time(i);
   std::vector<double> cut(t.size(), 0.0);
-  for (int c = 0; c + 1 < chain.size(); ++c) cut[static_cast<size_t>(c)] = cutTime(chain, c, o);
+  for (int c = 0; c + 1 < chain.size(); ++c) cut[idx(c)] = cutTime(chain, c, o);
   return minMaxSplit(t, o.devices, /*exact_count=*/false,
-                     [&](int c) { return cut[static_cast<size_t>(c)]; });
+                     [&](int c) { return cut[idx(c)]; });
 }
 
 StagePartition partitionChain(const LayerChain& chain, const PartitionOptions& o) {
@@ -300,9 +309,9 @@ StagePartition partitionChain(const LayerChain& chain, const PartitionOptions& o
   if (m == "balance-time" || m == "balance-size") {
     std::vector<double> cost;
     for (const ChainLayer& x : chain.layers) {
-      cost.push_back(m == "balance-time" ? x.fwd_us + x.bwd_us
-                                         : static_cast<double>(x.weight_bytes) * chain.weight_copies +
-                                               static_cast<double>(x.stored_bytes));
+      double size = static_cast<double>(x.weight_bytes) * chain.weight_copies +
+                    static_cast<double>(x.stored_bytes);
+      cost.push_back(m == "balance-time" ? x.fwd_us + x.bwd_us : size);
     }
     begin = balanceBlocks(cost, o.devices);
   } else if (m == "pipedream") {
@@ -314,7 +323,8 @@ StagePartition partitionChain(const LayerChain& chain, const PartitionOptions& o
     // micro-batch, the model split evenly by memory).
     double need = 0;
     for (const ChainLayer& x : chain.layers) {
-      need += static_cast<double>(x.weight_bytes) * chain.weight_copies + static_cast<double>(x.stored_bytes);
+      need += static_cast<double>(x.weight_bytes) * chain.weight_copies +
+              static_cast<double>(x.stored_bytes);
     }
     MP_THROW(PlanDoesNotFitError,
              "modelpar partition: madpipe found no allocation of the {} layers on {} devices of {} "
@@ -335,7 +345,7 @@ StagePartition partitionChain(const LayerChain& chain, const PartitionOptions& o
     MP_THROW(PlanDoesNotFitError,
              "modelpar partition: the {} plan needs {} on device {} of {} under {} (least over "
              "its periods); use method madpipe, more devices or more memory", m,
-             formatBytes(p.memory_bytes[static_cast<size_t>(worst)]), worst,
+             formatBytes(p.memory_bytes[idx(worst)]), worst,
              formatBytes(o.memory_bytes), name(o.schedule));
   }
   return p;

@@ -74,7 +74,8 @@ struct PartitionOptions {
   /// Schedule whose memory the plans of balance-* / pipedream are counted
   /// with (MadPipe plans always use 1F1B*).
   PipelineSchedule schedule = PipelineSchedule::OneFOneBStar;
-  /// MadPipe: binary-search steps on T^ (Algorithm 1's K; the paper uses 10).
+  /// MadPipe: most binary-search steps on T^ (Algorithm 1's K; the paper
+  /// uses 10); the search also stops when its bounds are within 0.1 %.
   int madpipe_iterations = 20;
   /// MadPipe: DP states keep one partial plan per bucket of the delay V
   /// (this many per period) and of the special device's memory (this many

@@ -42,6 +42,12 @@
 namespace modelpar::passes {
 namespace {
 
+// Index of a vector from an int.
+constexpr size_t idx(int64_t i) { return static_cast<size_t>(i); }
+
+// The binary search stops when its bounds are this close (relative).
+constexpr double kTolerance = 1e-3;
+
 struct Cell {
   double tp = 0;     // special device load
   double v = 0;      // delay imposed by the assigned suffix
@@ -62,14 +68,14 @@ class MadPipeDp {
  public:
   MadPipeDp(const LayerChain& chain, const PartitionOptions& o) : chain_(chain), o_(o) {
     const int L = chain.size();
-    pu_.assign(static_cast<size_t>(L) + 1, 0.0);
-    pw_.assign(static_cast<size_t>(L) + 1, 0);
-    pa_.assign(static_cast<size_t>(L) + 1, 0);
+    pu_.assign(idx(L) + 1, 0.0);
+    pw_.assign(idx(L) + 1, 0);
+    pa_.assign(idx(L) + 1, 0);
     for (int i = 0; i < L; ++i) {
-      const ChainLayer& x = chain.layers[static_cast<size_t>(i)];
-      pu_[static_cast<size_t>(i) + 1] = pu_[static_cast<size_t>(i)] + x.fwd_us + x.bwd_us;
-      pw_[static_cast<size_t>(i) + 1] = pw_[static_cast<size_t>(i)] + x.weight_bytes;
-      pa_[static_cast<size_t>(i) + 1] = pa_[static_cast<size_t>(i)] + x.stored_bytes;
+      const ChainLayer& x = chain.layers[idx(i)];
+      pu_[idx(i) + 1] = pu_[idx(i)] + x.fwd_us + x.bwd_us;
+      pw_[idx(i) + 1] = pw_[idx(i)] + x.weight_bytes;
+      pa_[idx(i) + 1] = pa_[idx(i)] + x.stored_bytes;
       cut_.push_back(i + 1 < L ? cutTime(chain, i, o) : 0.0);
     }
     nv_ = o.madpipe_delay_buckets * (2 * o.devices + 2);
@@ -80,27 +86,30 @@ class MadPipeDp {
   std::optional<DpPlan> run(double t) {
     const int L = chain_.size(), n = o_.devices;
     const int64_t cap = o_.memory_bytes;
-    slot_.assign(static_cast<size_t>(L + 1) * static_cast<size_t>(n) * static_cast<size_t>(nv_ * nm_), -1);
+    slot_.assign(idx(L + 1) * idx(n) * idx(nv_ * nm_), -1);
     cells_.clear();
-    levels_.assign(static_cast<size_t>(L) + 1, {});
+    levels_.assign(idx(L) + 1, {});
     offer(Cell{0, 0, 0, 0, -1, L, 0, false}, t);
     for (int l = L; l >= 1; --l) {
-      for (size_t ci = 0; ci < levels_[static_cast<size_t>(l)].size(); ++ci) {
-        const int32_t id = levels_[static_cast<size_t>(l)][ci];
-        const Cell c = cells_[static_cast<size_t>(id)];
+      for (size_t ci = 0; ci < levels_[idx(l)].size(); ++ci) {
+        const int32_t id = levels_[idx(l)][ci];
+        const Cell c = cells_[idx(id)];
         for (int k = l - 1; k >= 0; --k) {
-          double u = pu_[static_cast<size_t>(l)] - pu_[static_cast<size_t>(k)];
+          double u = pu_[idx(l)] - pu_[idx(k)];
           if (u > t) break;  // wider stages only take longer
-          double cin = k > 0 ? cut_[static_cast<size_t>(k) - 1] : 0.0;
+          double cin = k > 0 ? cut_[idx(k) - 1] : 0.0;
           if (cin > t) continue;
           double vs = detail::groupAdd(c.v, u, t);
           int g = std::min(o_.microbatches, detail::groupOf(vs, t));
           int64_t mem = static_cast<int64_t>(std::ceil(
-                            static_cast<double>(pw_[static_cast<size_t>(l)] - pw_[static_cast<size_t>(k)]) *
+                            static_cast<double>(pw_[idx(l)] - pw_[idx(k)]) *
                             chain_.weight_copies)) +
-                        g * (pa_[static_cast<size_t>(l)] - pa_[static_cast<size_t>(k)]);
-          if (k > 0) mem += 2 * chain_.layers[static_cast<size_t>(k) - 1].out_bytes;
-          if (l < L) mem += 2 * chain_.layers[static_cast<size_t>(l) - 1].out_bytes;
+                        g * (pa_[idx(l)] - pa_[idx(k)]);
+          // Weights, activations and the group only grow as the stage
+          // widens: once they alone exceed the capacity, stop.
+          if (mem > cap) break;
+          if (k > 0) mem += 2 * chain_.layers[idx(k) - 1].out_bytes;
+          if (l < L) mem += 2 * chain_.layers[idx(l) - 1].out_bytes;
           double v2 = k > 0 ? detail::groupAdd(vs, cin, t) : vs;
           if (c.p < n - 1 && mem <= cap) {
             offer(Cell{c.tp, v2, c.mp, std::max({c.load, u, cin}), id, k, c.p + 1, false}, t);
@@ -113,17 +122,17 @@ class MadPipeDp {
     }
     int32_t best = -1;
     for (int32_t id : levels_[0]) {
-      const Cell& c = cells_[static_cast<size_t>(id)];
+      const Cell& c = cells_[idx(id)];
       if (best < 0 || std::max(c.load, c.tp) <
-                          std::max(cells_[static_cast<size_t>(best)].load, cells_[static_cast<size_t>(best)].tp)) {
+                          std::max(cells_[idx(best)].load, cells_[idx(best)].tp)) {
         best = id;
       }
     }
     if (best < 0) return std::nullopt;
     DpPlan plan;  // the path runs from the first stage to the start state
-    for (int32_t id = best; cells_[static_cast<size_t>(id)].parent >= 0; id = cells_[static_cast<size_t>(id)].parent) {
-      plan.begin.push_back(cells_[static_cast<size_t>(id)].l);
-      plan.special.push_back(cells_[static_cast<size_t>(id)].special);
+    for (int32_t id = best; cells_[idx(id)].parent >= 0; id = cells_[idx(id)].parent) {
+      plan.begin.push_back(cells_[idx(id)].l);
+      plan.special.push_back(cells_[idx(id)].special);
     }
     return plan;
   }
@@ -134,17 +143,17 @@ class MadPipeDp {
     int vb = std::min(nv_ - 1, static_cast<int>(c.v / t * o_.madpipe_delay_buckets));
     int mb = std::min(nm_ - 1, static_cast<int>(static_cast<double>(c.mp) /
                                                  static_cast<double>(o_.memory_bytes) * nm_));
-    size_t key = ((static_cast<size_t>(c.l) * static_cast<size_t>(o_.devices) + static_cast<size_t>(c.p)) *
-                      static_cast<size_t>(nv_) + static_cast<size_t>(vb)) * static_cast<size_t>(nm_) +
-                 static_cast<size_t>(mb);
+    size_t key = ((idx(c.l) * idx(o_.devices) + idx(c.p)) *
+                      idx(nv_) + idx(vb)) * idx(nm_) +
+                 idx(mb);
     int32_t& s = slot_[key];
     if (s < 0) {
       s = static_cast<int32_t>(cells_.size());
       cells_.push_back(c);
-      levels_[static_cast<size_t>(c.l)].push_back(s);
+      levels_[idx(c.l)].push_back(s);
       return;
     }
-    Cell& old = cells_[static_cast<size_t>(s)];
+    Cell& old = cells_[idx(s)];
     if (std::tie(c.tp, c.v, c.mp) < std::tie(old.tp, old.v, old.mp)) old = c;
   }
 
@@ -196,7 +205,7 @@ std::optional<StagePartition> madpipePartition(const LayerChain& chain, const Pa
   if (auto plan = dp.run(ub)) best = evaluate(chain, *plan, o);
   if (!best) return std::nullopt;
   ub = std::min(ub, best->period_us);
-  for (int i = 0; i < o.madpipe_iterations && lb < ub * (1 - 1e-6); ++i) {
+  for (int i = 0; i < o.madpipe_iterations && lb < ub * (1 - kTolerance); ++i) {
     double target = 0.5 * (lb + ub);
     std::optional<StagePartition> p;
     if (auto plan = dp.run(target)) p = evaluate(chain, *plan, o);

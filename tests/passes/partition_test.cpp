@@ -9,12 +9,16 @@
 #include <random>
 
 #include "ir/error.h"
+#include "ir/parser.h"
 #include "tests/support/expect_error.h"
 
 namespace modelpar::passes {
 namespace {
 
 using modelpar::testing::messageOf;
+
+// Index of a vector from an int.
+constexpr size_t idx(int64_t i) { return static_cast<size_t>(i); }
 
 // A chain with integer times and, at 1 MB/s and no latency, cut times
 // C = 2 * out_bytes us: every sum is exact in doubles.
@@ -188,9 +192,9 @@ TEST(PartitionBruteForce, BalanceAndPipeDreamMatchBruteForce) {
       for (size_t s = 0; s < begin.size(); ++s) {
         int end = s + 1 < begin.size() ? begin[s + 1] : L;
         double sum = 0;
-        for (int i = begin[s]; i < end; ++i) sum += time[static_cast<size_t>(i)];
+        for (int i = begin[s]; i < end; ++i) sum += time[idx(i)];
         stage_max = std::max(stage_max, sum);
-        if (s > 0) cut_max = std::max(cut_max, 2.0 * static_cast<double>(out[static_cast<size_t>(begin[s]) - 1]));
+        if (s > 0) cut_max = std::max(cut_max, 2.0 * static_cast<double>(out[idx(begin[s]) - 1]));
       }
       if (static_cast<int>(begin.size()) == std::min(n, L)) best_balance = std::min(best_balance, stage_max);
       best_pd = std::min(best_pd, std::max(stage_max, cut_max));
@@ -201,7 +205,7 @@ TEST(PartitionBruteForce, BalanceAndPipeDreamMatchBruteForce) {
     double bal_max = 0;
     for (int s = 0; s < pb.numStages(); ++s) {
       double sum = 0;
-      for (int i = pb.stage_begin[static_cast<size_t>(s)]; i < pb.stageEnd(s, L); ++i) sum += time[static_cast<size_t>(i)];
+      for (int i = pb.stage_begin[idx(s)]; i < pb.stageEnd(s, L); ++i) sum += time[idx(i)];
       bal_max = std::max(bal_max, sum);
     }
     EXPECT_EQ(bal_max, best_balance) << "trial " << trial;
@@ -217,15 +221,15 @@ std::vector<int64_t> recomputedMemory(const LayerChain& c, const StagePartition&
   std::vector<double> u, cut;
   for (int s = 0; s < p.numStages(); ++s) {
     double sum = 0;
-    for (int i = p.stage_begin[static_cast<size_t>(s)]; i < p.stageEnd(s, c.size()); ++i) sum += c.time(i);
+    for (int i = p.stage_begin[idx(s)]; i < p.stageEnd(s, c.size()); ++i) sum += c.time(i);
     u.push_back(sum);
-    if (s > 0) cut.push_back(2.0 * static_cast<double>(c.layers[static_cast<size_t>(p.stage_begin[static_cast<size_t>(s)]) - 1].out_bytes));
+    if (s > 0) cut.push_back(2.0 * static_cast<double>(c.layers[idx(p.stage_begin[idx(s)]) - 1].out_bytes));
   }
   std::vector<int> acts = activationsInFlight(PipelineSchedule::OneFOneBStar, p.numStages(), m,
                                               oneFOneBStarGroups(u, cut, p.period_us));
   std::vector<int64_t> st = stageMemory(c, p.stage_begin, acts);
-  std::vector<int64_t> dev(static_cast<size_t>(p.num_devices), 0);
-  for (int s = 0; s < p.numStages(); ++s) dev[static_cast<size_t>(p.stage_device[static_cast<size_t>(s)])] += st[static_cast<size_t>(s)];
+  std::vector<int64_t> dev(idx(p.num_devices), 0);
+  for (int s = 0; s < p.numStages(); ++s) dev[idx(p.stage_device[idx(s)])] += st[idx(s)];
   return dev;
 }
 
@@ -279,8 +283,8 @@ TEST(MadPipe, NeverExceedsMemoryAndFindsAPlanWhenAContiguousOneFits) {
     for (int64_t m : mem) EXPECT_LE(m, o.memory_bytes) << "trial " << trial;
     EXPECT_GE(p->period_us, p->load_period_us);
     // Every device but one has at most one stage.
-    std::vector<int> per_device(static_cast<size_t>(n), 0);
-    for (int d : p->stage_device) ++per_device[static_cast<size_t>(d)];
+    std::vector<int> per_device(idx(n), 0);
+    for (int d : p->stage_device) ++per_device[idx(d)];
     EXPECT_LE(std::count_if(per_device.begin(), per_device.end(), [](int k) { return k > 1; }), 1);
     // Contiguous plans are MadPipe allocations too (the special device takes
     // one stage); the DP's pruning could lose the best one, and on these
@@ -289,6 +293,41 @@ TEST(MadPipe, NeverExceedsMemoryAndFindsAPlanWhenAContiguousOneFits) {
     EXPECT_LE(p->period_us, best * (1 + 1e-9)) << "trial " << trial;
   }
   EXPECT_GT(fitted, 150);
+}
+
+TEST(Partition, PartitionsAChainReadFromIr) {
+  // x -> l0 -> l1 -> l2 -> l3 with a skip %a from l0 to l3 (64 B in every
+  // cut); stage times l0 3, l1 6, l2 9.5, l3 12 us; cuts 64, 192, 192 B.
+  LayerChain c = chainFromGraph(ir::parseGraph(R"(
+graph @skip(%x: f32[16] input) {
+  %a: f32[16] = aten::relu(%x) {layer="l0", phase=fwd, cost={time_us=1.0, out=0, temp=0, persist=0}}
+  %b: f32[32] = aten::relu(%a) {layer="l1", phase=fwd, cost={time_us=2.0, out=0, temp=0, persist=0}}
+  %c: f32[32] = aten::relu(%b) {layer="l2", phase=fwd, cost={time_us=3.0, out=0, temp=0, persist=0}}
+  %d: f32[16] = aten::add.Tensor(%c, %a) {layer="l3", phase=fwd, cost={time_us=4.0, out=0, temp=0, persist=0}}
+  %gd: f32[16] = aten::relu(%d) {layer="l3", phase=bwd, cost={time_us=8.0, out=0, temp=0, persist=0}}
+  %gc: f32[32] = aten::mul.Tensor(%gd, %b) {layer="l2", phase=bwd, cost={time_us=6.5, out=0, temp=0, persist=0}}
+  %gb: f32[16] = aten::mul.Tensor(%gc, %a) {layer="l1", phase=bwd, cost={time_us=4.0, out=0, temp=0, persist=0}}
+  %ga: f32[16] = aten::mul.Tensor(%gb, %x) {layer="l0", phase=bwd, cost={time_us=2.0, out=0, temp=0, persist=0}}
+  return %d, %ga
+}
+)"));
+  PartitionOptions o;
+  o.method = "pipedream";
+  o.devices = 2;
+  // 1 GB/s: cuts cost 0.128 / 0.384 / 0.384 us; {l0..l2} | {l3} = max(18.5, 12).
+  o.bandwidth_bytes_per_s = 1e9;
+  StagePartition p = partitionChain(c, o);
+  EXPECT_EQ(p.stage_begin, (std::vector<int>{0, 3}));
+  EXPECT_DOUBLE_EQ(p.load_period_us, 18.5);
+  // 1 MB/s: a cut costs at least 128 us; one stage (30.5 us) is best.
+  o.bandwidth_bytes_per_s = 1e6;
+  EXPECT_EQ(partitionChain(c, o).stage_begin, (std::vector<int>{0}));
+  // MadPipe with one device: everything on it.
+  o.method = "madpipe";
+  o.devices = 1;
+  p = partitionChain(c, o);
+  EXPECT_DOUBLE_EQ(p.period_us, 30.5);
+  EXPECT_EQ(p.stage_device, std::vector<int>(p.stage_begin.size(), 0));
 }
 
 TEST(Partition, RejectsBadOptionsAndPlansThatDoNotFit) {
