@@ -1,0 +1,163 @@
+// Pass `partition`: cuts a LayerChain (layer_chain.h) into pipeline stages
+// and assigns them to devices, and counts each stage's memory under a
+// pipeline schedule.
+//
+// Methods (PartitionOptions::method):
+//   balance-time / balance-size  torchgpipe's balance (seed 002; algorithms.md
+//       §2.3): min(n, L) contiguous non-empty blocks; here the exact minimum
+//       of the largest block's time u_F+u_B (size: weight_copies x W +
+//       a_store), by a DP (torchgpipe's own loop stops at the Bárány-Grinberg
+//       bound and need not reach it).
+//   pipedream  PipeDream's DP (algorithms.md §5.1), straight pipeline, no
+//       replication: at most n contiguous stages minimising the bottleneck
+//       max(stage time, cut time C), C counting the activation and its
+//       gradient (the form with --activation_compression_ratio).
+//   madpipe  MadPipe (seed 004 §4.2): n-1 normal devices with one stage each
+//       and one special device that may take several non-contiguous stages;
+//       memory of each stage from 1F1B* groups at a target period T^; the
+//       binary search of Algorithm 1 on T^ (partition_madpipe.cpp).
+// Every plan is then scheduled by `schedule` (MadPipe: always 1F1B*) and its
+// period and memory evaluated (evaluatePartition).
+//
+// Model (seed 004 §3). Cut c (after layer c) costs C(c) = 2 (latency +
+// a_out[c] / bandwidth) per micro-batch on its own link. Period of a plan:
+// max(largest device load, largest C over its cuts) for GPipe / 1F1B; for
+// 1F1B* the smallest period >= that at which the memory fits. Memory of a
+// stage [k, l) keeping g micro-batches of activations:
+//     weight_copies x W(k..l) + g x a_store(k..l) + 2 a_out[k-1] + 2 a_out[l-1]
+// (buffers for activation + gradient at each cut it has), where g is
+//     GPipe m;  1F1B min(m, S - s) for stage s of S;  1F1B* min(m, group of s).
+// A device's memory is the sum over its stages. Capping g at m reflects a
+// pipeline flushed every m micro-batches; a large m gives the paper's stream.
+//
+// Guarantees: plans cover every layer once, stage_begin ascending from 0;
+// partitionChain returns a plan whose memory_bytes fit memory_bytes per
+// device or throws PlanDoesNotFitError with the numbers. Not done: the §4.3
+// ILP (MadPipe's special device uses the memory of running its stages'
+// forwards before their backwards, Figure 5a, an upper bound of the paper's
+// g-1 estimate, so no ILP is needed to respect memory), replication.
+//
+// Example:
+//   PartitionOptions o;  o.method = "madpipe";  o.devices = 4;
+//   o.memory_bytes = parseBytes("8GiB");  o.bandwidth_bytes_per_s = 12e9;
+//   StagePartition p = partitionChain(chainFromGraph(g), o);
+//   p.stage_begin;  p.stage_device;  p.period_us;  p.memory_bytes;
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "passes/layer_chain.h"
+
+namespace modelpar::passes {
+
+inline constexpr std::string_view kPartitionPassId = "partition";
+
+enum class PipelineSchedule : uint8_t { GPipe, OneFOneB, OneFOneBStar };
+std::string_view name(PipelineSchedule s);  // gpipe 1f1b 1f1b*
+std::optional<PipelineSchedule> parsePipelineSchedule(std::string_view s);
+
+struct PartitionOptions {
+  /// "balance-time" | "balance-size" | "pipedream" | "madpipe".
+  std::string method = "madpipe";
+  int devices = 2;
+  /// Micro-batches per flush: caps the activations a stage keeps.
+  int microbatches = 8;
+  /// Capacity of each device.
+  int64_t memory_bytes = int64_t{16} << 30;
+  double bandwidth_bytes_per_s = 12e9;
+  double latency_us = 0;
+  /// Schedule whose memory the plans of balance-* / pipedream are counted
+  /// with (MadPipe plans always use 1F1B*).
+  PipelineSchedule schedule = PipelineSchedule::OneFOneBStar;
+  /// MadPipe: most binary-search steps on T^ (Algorithm 1's K; the paper
+  /// uses 10); the search also stops when its bounds are within 0.1 %.
+  int madpipe_iterations = 20;
+  /// MadPipe: DP states keep one partial plan per bucket of the delay V
+  /// (this many per period) and of the special device's memory (this many
+  /// per capacity). Buckets only prune: kept states carry exact values.
+  int madpipe_delay_buckets = 8;
+  int madpipe_memory_buckets = 16;
+};
+
+/// A partition of the chain into stages placed on devices.
+struct StagePartition {
+  std::string method;
+  PipelineSchedule schedule = PipelineSchedule::OneFOneBStar;
+  std::vector<int> stage_begin;   ///< first layer of each stage, ascending
+  std::vector<int> stage_device;  ///< device of each stage
+  int num_devices = 0;            ///< devices available (some may be unused)
+  double load_period_us = 0;      ///< max(device load, cut time), memory ignored
+  double period_us = 0;           ///< period the schedule runs at (inf: does not fit)
+  std::vector<int> stage_activations;  ///< micro-batches of activations per stage
+  std::vector<int64_t> memory_bytes;   ///< per device, as the model counts it
+  bool fits = false;              ///< memory_bytes <= capacity on every device
+
+  int numStages() const { return static_cast<int>(stage_begin.size()); }
+  /// One past the last layer of stage s (needs the chain length).
+  int stageEnd(int s, int num_layers) const;
+};
+
+/// C(c): link time of cut c (activation + gradient) per micro-batch.
+double cutTime(const LayerChain& chain, int c, const PartitionOptions& o);
+
+/// 1F1B* groups (seed 004 §4.1) of stages with times U(s) and cut times C
+/// (cut_us[s] between stage s and s+1; empty = no communication), at period
+/// T: walking from the last stage, stages and cuts (cuts act as stages) join
+/// the current group while its total stays <= T. Group 1 holds the last
+/// stage. Result: group number of each stage = micro-batches whose
+/// activations it keeps (= forwards it runs ahead of its backward). Throws
+/// ConfigError when T <= 0, a size mismatches, or an element exceeds T.
+std::vector<int> oneFOneBStarGroups(std::span<const double> stage_us,
+                                    std::span<const double> cut_us, double period_us);
+
+/// Micro-batches of activations each of `groups.size()` (or num_stages)
+/// stages keeps under a schedule: GPipe m, 1F1B min(m, S - s), 1F1B*
+/// min(m, groups[s]) (groups needed only for 1F1B*).
+std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int microbatches,
+                                     std::span<const int> groups = {});
+
+/// Memory of each stage keeping activations[s] micro-batches (file comment).
+std::vector<int64_t> stageMemory(const LayerChain& chain, std::span<const int> stage_begin,
+                                 std::span<const int> activations);
+
+/// Loads, period and memory of a given partition under o.schedule (1F1B*:
+/// the smallest period >= the load period at which memory fits, found
+/// exactly among the periods where a group changes). fits=false and
+/// period_us=inf when no period fits. Throws ConfigError on a malformed
+/// partition (unsorted, out of range, device >= o.devices).
+StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage_begin,
+                                 std::vector<int> stage_device, const PartitionOptions& o,
+                                 std::string method = "given");
+
+/// First index of each of min(blocks, costs.size()) contiguous non-empty
+/// blocks minimising the largest block sum (costs >= 0).
+std::vector<int> balanceBlocks(std::span<const double> costs, int blocks);
+
+/// PipeDream's straight-pipeline DP: stage_begin of at most o.devices stages
+/// minimising max(stage time, cut time). Memory is ignored.
+std::vector<int> pipedreamSplit(const LayerChain& chain, const PartitionOptions& o);
+
+/// MadPipe (partition_madpipe.cpp): the best plan found, evaluated under
+/// 1F1B*, or nullopt when no allocation fits (a result, not an error).
+std::optional<StagePartition> madpipePartition(const LayerChain& chain, const PartitionOptions& o);
+
+namespace detail {
+/// The 1F1B* delay arithmetic shared by oneFOneBStarGroups and MadPipe's DP
+/// (seed 004 §4.2's x (+) y): adding y to a delay x stays in x's group if the
+/// group's total stays <= T, else starts the next group.
+double groupAdd(double x, double y, double period_us);
+/// Group number of a delay (>= 1).
+int groupOf(double delay_us, double period_us);
+}  // namespace detail
+
+/// Pass `partition`: checks options (ConfigError naming the option), runs
+/// o.method, evaluates the plan; throws PlanDoesNotFitError with the memory
+/// needed and available when the plan (madpipe: any plan) does not fit.
+StagePartition partitionChain(const LayerChain& chain, const PartitionOptions& o);
+
+}  // namespace modelpar::passes
