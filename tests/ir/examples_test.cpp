@@ -50,6 +50,23 @@ TEST(Examples, PipelineProgramParsesVerifiesAndRoundTrips) {
   EXPECT_EQ(runs, 33u);
 }
 
+TEST(Examples, GPipeScheduledProgramParsesVerifiesAndRoundTrips) {
+  Program p = parseProgram(readExample("mlp_pipeline_gpipe.txt"));
+  verify(p);
+  EXPECT_EQ(p.numDevices(), 2);
+  EXPECT_EQ(parseProgram(print(p)), p);
+  // Micro-batch 1's backward runs before micro-batch 0's on both devices.
+  auto position = [&](int d, const std::string& name) {
+    const auto& s = p.schedule(d);
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (s[i].kind == Instruction::Kind::Run && p.graph().nodeRef(s[i].node) == name) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  EXPECT_LT(position(0, "%dh_1"), position(0, "%dh_0"));
+  EXPECT_LT(position(1, "%da_1"), position(1, "%da_0"));
+}
+
 TEST(Examples, ProgramWithRemovedSendIsRejectedNamingTheReceive) {
   Program p = parseProgram(readExample("mlp_pipeline_2dev_missing_send.txt"));
   std::string msg = verifyError(p);

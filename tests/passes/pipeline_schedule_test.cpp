@@ -6,7 +6,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "ir/error.h"
@@ -423,6 +425,26 @@ graph @g(%x: f32[4] input) {
 )");
   EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(upd, optionsFor(upd, "gpipe")); }),
              "update node %u has mb=0");
+}
+
+// examples/ir/mlp_pipeline_gpipe.txt is exactly what schedule + lower make
+// of its graph (devices dropped) with fc1 on stage 0 and fc2 / loss on 1.
+TEST(PipelineSchedule, RegeneratesTheGPipeExampleProgram) {
+  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/mlp_pipeline_gpipe.txt");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  ir::Program example = ir::parseProgram(text.str());
+  ir::verify(example);
+  ir::Graph g = example.graph();
+  for (ir::Input& i : g.inputs()) i.device.reset();
+  PipelineScheduleOptions o;
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    g.node(static_cast<ir::NodeId>(n)).device.reset();
+    const std::string& layer = g.nodes()[n].layer;
+    o.stage_of_node.push_back(layer == "fc1" || layer == "input" ? 0 : 1);
+  }
+  EXPECT_EQ(lower(g, schedulePipeline(g, o)), example);
 }
 
 }  // namespace
