@@ -185,6 +185,9 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     c.device = nd.device;
     c.microbatch = nd.microbatch;
     c.cost = nd.cost;
+    // A recomputation holds no parameters of its own: the original node
+    // already counts them (Note [Memory model]).
+    if (as_recompute && c.cost) c.cost->persistent_bytes = 0;
     if (!nd.label.empty()) out.setLabel(id, nd.label);
     for (size_t i = 0; i < nd.outputs.size(); ++i) {
       (as_recompute ? copy : orig)[static_cast<size_t>(nd.outputs[i])] = c.outputs[i];

@@ -256,6 +256,13 @@ ir::Graph Microbatcher::build() {
     return r == ir::kNoId ? std::string() : g_.node(r).layer;
   };
 
+  // Graph inputs sliced per micro-batch: batched and read by a copy.
+  std::vector<bool> is_sliced(g_.numValues(), false);
+  for (size_t i = 0; i < g_.inputs().size(); ++i) {
+    ValueId v = g_.inputs()[i].value;
+    is_sliced[static_cast<size_t>(v)] =
+        d_.batch.input_dim[i] >= 0 && first_reader[static_cast<size_t>(v)] != ir::kNoId;
+  }
   std::vector<ValueId> acc(g_.numValues(), ir::kNoId);
   std::vector<std::vector<ValueId>> parts(g_.numValues());
   int64_t start = 0;
@@ -273,19 +280,20 @@ ir::Graph Microbatcher::build() {
       addAttrs(s, layer, Phase::Backward, mb);
       return out.node(s).outputs[0];
     };
-    // Slices of the batched inputs, the scaled seed root.
-    for (size_t i = 0; i < g_.inputs().size(); ++i) {
-      ValueId v = g_.inputs()[i].value;
-      int dim = d_.batch.input_dim[i];
-      if (dim < 0 || first_reader[static_cast<size_t>(v)] == ir::kNoId) continue;
+    // Slices of the batched inputs, made right before their first reader in
+    // this micro-batch (so a layer's slice sits with the layer, which keeps
+    // layers in order for chainFromGraph); the scaled seed root.
+    auto slice = [&](ValueId v) {
+      auto i = static_cast<size_t>(*g_.inputIndex(v));
       const ir::Value& val = g_.value(v);
       NodeId s = out.addNode("aten::narrow",
-                             {Arg::value(shared[static_cast<size_t>(v)]), Arg::integer(dim),
-                              Arg::integer(start), Arg::integer(bk)},
+                             {Arg::value(shared[static_cast<size_t>(v)]),
+                              Arg::integer(d_.batch.input_dim[i]), Arg::integer(start),
+                              Arg::integer(bk)},
                              {{fresh(val.name + suffix), instantiate(val.type, sym, bk)}});
       addAttrs(s, layerOfReader(v), Phase::Forward, mb);
       local[static_cast<size_t>(v)] = out.node(s).outputs[0];
-    }
+    };
     if (d_.seed_is_root) {
       ValueId s = shared[static_cast<size_t>(d_.seed)];
       local[static_cast<size_t>(d_.seed)] =
@@ -293,6 +301,7 @@ ir::Graph Microbatcher::build() {
     }
     auto lookup = [&](ValueId v) -> Arg {
       if (v == d_.batch.size_input) return Arg::integer(bk);
+      if (local[static_cast<size_t>(v)] == ir::kNoId && is_sliced[static_cast<size_t>(v)]) slice(v);
       ValueId l = local[static_cast<size_t>(v)];
       return l != ir::kNoId ? Arg::value(l) : sharedLookup(v);
     };
@@ -320,8 +329,13 @@ ir::Graph Microbatcher::build() {
         switch (d_.combine[oi]) {
           case Combine::None: break;
           case Combine::Cat: parts[oi].push_back(copy); break;
-          case Combine::Loss:
-          case Combine::Accumulate: {
+          case Combine::Accumulate:
+            if (o_.accumulate_in_reverse) {  // chained after the loop, last micro-batch first
+              parts[oi].push_back(copy);
+              break;
+            }
+            [[fallthrough]];
+          case Combine::Loss: {
             double wk = d_.combine[oi] == Combine::Loss ? w : 1.0;
             std::string acc_name = last ? name : fmt::format("{}.acc{}", name, k);
             NodeId a = ir::kNoId;
@@ -343,6 +357,22 @@ ir::Graph Microbatcher::build() {
       }
     }
     start += bk;
+  }
+  // Gradients accumulated in reverse micro-batch order (GPipe's backward
+  // order): acc = g_{m-1}; acc += g_k for k = m-2 .. 0, each add with mb=k.
+  for (size_t vi = 0; vi < g_.numValues(); ++vi) {
+    if (d_.combine[vi] != Combine::Accumulate || !o_.accumulate_in_reverse) continue;
+    const ir::Value& val = g_.value(static_cast<ValueId>(vi));
+    const ir::Node& prod = g_.node(val.producer);
+    ValueId a = parts[vi].back();
+    for (size_t k = parts[vi].size() - 1; k-- > 0;) {
+      std::string acc_name = k == 0 ? val.name : fmt::format("{}.acc{}", val.name, k);
+      NodeId n = out.addNode("aten::add.Tensor", {Arg::value(a), Arg::value(parts[vi][k])},
+                             {{fresh(acc_name), out.value(a).type}});
+      addAttrs(n, prod.layer, prod.phase.value_or(Phase::Backward), static_cast<int>(k));
+      a = out.node(n).outputs[0];
+    }
+    combined[vi] = a;
   }
   for (size_t vi = 0; vi < g_.numValues(); ++vi) {
     if (d_.combine[vi] != Combine::Cat) continue;

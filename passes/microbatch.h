@@ -91,6 +91,11 @@ struct MicrobatchOptions {
   /// Allow random ops in the micro-batches: they then draw per micro-batch,
   /// so the result is a valid step but not the full batch's bit for bit.
   bool allow_random = false;
+  /// Accumulate gradients from the last micro-batch to the first (each add
+  /// carries the mb of the gradient it adds), the order GPipe's backwards
+  /// run in; false: first to last (1F1B). A schedule needs the order its
+  /// backwards run in, or the adds would wait on a later task.
+  bool accumulate_in_reverse = false;
 };
 
 /// The micro-batch sizes the split rule gives for batch b and m micro-batches

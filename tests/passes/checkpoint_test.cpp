@@ -82,7 +82,7 @@ TEST(Checkpoint, AlwaysRecomputesWhatEachStagesBackwardReads) {
   // In graph order: stage 1 mb 0 (before its seed), stage 0 mb 0, then mb 1.
   EXPECT_EQ(r.groups[0].stage, 1);
   EXPECT_EQ(r.groups[0].microbatch, 0);
-  EXPECT_EQ(names(out, r.groups[0]), (std::vector<std::string>{"%y.mb0.rc", "%p.mb0.rc", "%loss.mb0.rc"}));
+  EXPECT_EQ(names(out, r.groups[0]), (std::vector<std::string>{"%p.mb0.rc", "%y.mb0.rc", "%loss.mb0.rc"}));
   EXPECT_EQ(r.groups[1].stage, 0);
   EXPECT_EQ(names(out, r.groups[1]), (std::vector<std::string>{"%x.mb0.rc", "%h.mb0.rc", "%a.mb0.rc"}));
   EXPECT_EQ(r.groups[2].microbatch, 1);
