@@ -18,6 +18,7 @@
 #include "passes/joint.h"
 #include "passes/microbatch.h"
 #include "passes/pipeline.h"
+#include "passes/pipeline_plan.h"
 
 namespace py = pybind11;
 
@@ -360,6 +361,95 @@ void bindPlan(py::module_& m) {
         return out;
       },
       py::arg("graph"), "The layer of every node, in node order.");
+  py::class_<passes::PipelinePlan>(
+      m, "PipelinePlan",
+      "A pipeline-parallel plan of one training step (passes/pipeline_plan.h): the lowered "
+      "Program, the layer chain and its partition into stages, the simulated step and the "
+      "pass statistics. str() is the summary.")
+      .def("summary", &passes::PipelinePlan::summary)
+      .def("__str__", &passes::PipelinePlan::summary)
+      .def("__repr__",
+           [](const passes::PipelinePlan& p) {
+             return c10::str("<modelpar.PipelinePlan ", p.numStages(), " stages, ",
+                             p.microbatch_sizes.size(), " micro-batches, ", p.schedule, ", step ",
+                             passes::formatMicros(p.stepTimeUs()), ">");
+           })
+      .def_property_readonly("program", [](const passes::PipelinePlan& p) { return p.program; },
+                             "The lowered Program (a copy): runs on modelpar.Executor with the "
+                             "step's inputs at full batch.")
+      .def_property_readonly("num_stages", &passes::PipelinePlan::numStages)
+      .def_property_readonly("schedule", [](const passes::PipelinePlan& p) { return p.schedule; })
+      .def_property_readonly("partition_method",
+                             [](const passes::PipelinePlan& p) { return p.partition.method; })
+      .def_property_readonly("microbatch_sizes",
+                             [](const passes::PipelinePlan& p) { return p.microbatch_sizes; })
+      .def_property_readonly(
+          "stage_of_layer",
+          [](const passes::PipelinePlan& p) {
+            py::dict d;
+            for (int l = 0; l < p.chain.size(); ++l) {
+              d[py::str(p.chain.layers[static_cast<size_t>(l)].name)] =
+                  p.stage_of_layer[static_cast<size_t>(l)];
+            }
+            return d;
+          },
+          "{layer: stage} in chain order.")
+      .def_property_readonly("stage_device",
+                             [](const passes::PipelinePlan& p) { return p.partition.stage_device; })
+      .def_property_readonly("partition_period_us",
+                             [](const passes::PipelinePlan& p) { return p.partition.period_us; })
+      .def_property_readonly("step_time_us", &passes::PipelinePlan::stepTimeUs)
+      .def_property_readonly("single_device_us",
+                             [](const passes::PipelinePlan& p) { return p.single_device_us; })
+      .def_property_readonly("speedup", &passes::PipelinePlan::speedup)
+      .def_property_readonly("ideal_speedup", &passes::PipelinePlan::idealSpeedup)
+      .def_property_readonly("bubble_fraction", &passes::PipelinePlan::bubbleFraction)
+      .def_property_readonly(
+          "peak_bytes",
+          [](const passes::PipelinePlan& p) {
+            std::vector<int64_t> out;
+            for (const auto& d : p.simulation.devices) out.push_back(d.peak_bytes);
+            return out;
+          })
+      .def_property_readonly("num_transfers",
+                             [](const passes::PipelinePlan& p) { return p.simulation.num_transfers; })
+      .def("trace",
+           [](const passes::PipelinePlan& p) {
+             return passes::toChromeTrace(p.program, p.simulation);
+           },
+           "The Chrome / Perfetto trace JSON of the simulated step.")
+      .def(
+          "write_trace",
+          [](const passes::PipelinePlan& p, const std::string& path) {
+            passes::writeChromeTrace(path, p.program, p.simulation);
+          },
+          py::arg("path"), "Writes the Chrome / Perfetto trace JSON of the simulated step.");
+  m.def(
+      "plan_pipeline",
+      [](const ir::Graph& g, int devices, int microbatches, int64_t batch_size,
+         std::string schedule, std::string partition, std::string checkpoint, bool portals,
+         std::vector<int64_t> memory, std::optional<std::string> machine,
+         std::string loss_reduction, bool allow_random) {
+        passes::PipelinePlanOptions o;
+        o.devices = devices;
+        o.microbatches = microbatches;
+        o.batch_size = batch_size;
+        o.schedule = std::move(schedule);
+        o.partition = std::move(partition);
+        o.checkpoint = std::move(checkpoint);
+        o.portals = portals;
+        o.memory_bytes = std::move(memory);
+        o.microbatch.loss_reduction = passes::parseLossReduction(loss_reduction);
+        o.microbatch.allow_random = allow_random;
+        o.record_timeline = true;  // write_trace works on every plan
+        py::gil_scoped_release no_gil;
+        if (machine) o.machine = passes::DeviceModel::load(*machine);
+        return passes::planPipeline(g, o);
+      },
+      py::arg("graph"), py::arg("devices"), py::arg("microbatches"), py::arg("batch_size"),
+      py::arg("schedule"), py::arg("partition"), py::arg("checkpoint"), py::arg("portals"),
+      py::arg("memory"), py::arg("machine"), py::arg("loss_reduction"), py::arg("allow_random"),
+      "passes::planPipeline; see modelpar.plan_pipeline.");
   m.def("microbatch_sizes", &passes::microbatchSizes, py::arg("batch"), py::arg("microbatches"));
   m.def("plan_placers", [] {
     return std::vector<std::string>(std::begin(passes::kPlacerNames), std::end(passes::kPlacerNames));

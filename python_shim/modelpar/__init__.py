@@ -41,10 +41,14 @@ from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_pro
 from .options import CompileOptions, resolve_options
 from .pipeline_passes import (
     CHECKPOINT_MODES,
+    PARTITION_METHODS,
+    PIPELINE_SCHEDULES,
     CheckpointResult,
+    PipelinePlan,
     checkpoint,
     microbatch,
     microbatch_sizes,
+    plan_pipeline,
 )
 from .plan import GraphRecord, Plan, clear_plans, plans
 from .planning import (
@@ -92,6 +96,10 @@ __all__ = [
     "load_program",
     "microbatch",
     "microbatch_sizes",
+    "plan_pipeline",
+    "PipelinePlan",
+    "PIPELINE_SCHEDULES",
+    "PARTITION_METHODS",
     "modelpar_backend",
     "parse_bytes",
     "parse_graph",

@@ -15,7 +15,7 @@ silently ignored.
 | ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
-| ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported (issue 6) |
+| ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported under torch.compile (issue 6); ``modelpar.plan_pipeline`` pipelines IR step graphs |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
 
@@ -203,7 +203,12 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     if device_map not in (None, "cpu"):
         _check_cuda(device_map)
     if pipeline is not None:
-        raise _not_yet("pipeline", pipeline, "issue 6")
+        raise ConfigError(
+            f"modelpar options: pipeline={dict(pipeline)!r} is not yet supported under "
+            "torch.compile (issue 6): the pipeline passes need one training-step graph with a "
+            "symbolic batch dimension. Pipeline an IR step graph with "
+            "modelpar.plan_pipeline(graph, devices=..., microbatches=..., batch_size=...) and run "
+            "its program on modelpar.Executor; leave pipeline unset here.")
     if mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
         cuda_graphs = True
     if mode.startswith("max-autotune"):

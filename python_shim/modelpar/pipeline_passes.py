@@ -23,7 +23,8 @@ from . import _C
 from .errors import ConfigError
 from .ir import Graph
 
-__all__ = ["CHECKPOINT_MODES", "CheckpointResult", "checkpoint", "microbatch", "microbatch_sizes"]
+__all__ = ["CHECKPOINT_MODES", "CheckpointResult", "PARTITION_METHODS", "PIPELINE_SCHEDULES",
+           "PipelinePlan", "checkpoint", "microbatch", "microbatch_sizes", "plan_pipeline"]
 
 #: The checkpoint modes, by name (torchgpipe's ``checkpoint=`` values).
 CHECKPOINT_MODES: tuple[str, ...] = ("always", "except_last", "never")
@@ -121,3 +122,71 @@ def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
         per_node = [int(s) for s in stages]
     g, stage_of_node, groups = _C.checkpoint(graph, per_node, mode)
     return CheckpointResult(g, stage_of_node, groups)
+
+
+#: The pipeline schedules and partition methods plan_pipeline knows.
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "1f1b*")
+PARTITION_METHODS: tuple[str, ...] = ("balance-time", "balance-size", "pipedream", "madpipe")
+
+#: A pipeline plan (C++ passes::PipelinePlan): ``str(p)`` is its summary; see
+#: ``program``, ``num_stages``, ``stage_of_layer``, ``stage_device``,
+#: ``microbatch_sizes``, ``step_time_us``, ``single_device_us``, ``speedup``,
+#: ``ideal_speedup``, ``bubble_fraction``, ``peak_bytes``, ``num_transfers``,
+#: ``trace()``, ``write_trace(path)``.
+PipelinePlan = getattr(_C, "PipelinePlan", None)
+
+
+def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_size: int, *,
+                  schedule: str = "gpipe", partition: str = "balance-time",
+                  checkpoint: str = "except_last", portals: bool = True,
+                  memory=None, machine: str | None = None, loss_reduction: str = "auto",
+                  allow_random: bool = False, trace: str | None = None):
+    """Plans a training step pipeline-parallel (passes/pipeline_plan.h):
+    the step is split into ``microbatches`` micro-batches, its layers are
+    cut into stages by ``partition`` (torchgpipe's balance by time or size,
+    PipeDream's DP, or MadPipe's memory-aware DP), ``checkpoint`` decides
+    which (stage, micro-batch) pairs recompute their forward in the backward,
+    ``schedule`` orders each device's work (GPipe fill-drain, 1F1B, or
+    MadPipe's 1F1B*), and the result is lowered to a Program with a send per
+    micro-batch and simulated. Run ``p.program`` with ``modelpar.Executor``
+    on the step's inputs at full batch: its outputs equal the step's.
+
+    Args:
+        graph: a training-step graph with a symbolic batch dimension
+            (``f32[B, 16]``; ``examples/ir/skip_step_symbolic.txt``), or its path.
+        devices: devices (stages <= devices).
+        microbatches: m (torch.chunk's rule may give fewer).
+        batch_size: B, the full batch size.
+        schedule: ``"gpipe"``, ``"1f1b"`` or ``"1f1b*"`` (``madpipe`` needs ``"1f1b*"``).
+        partition: ``"balance-time"``, ``"balance-size"``, ``"pipedream"`` or ``"madpipe"``.
+        checkpoint: ``"always"``, ``"except_last"`` or ``"never"``.
+        portals: skip values go straight to their readers (True) or through
+            every stage between (False, torchgpipe without portals).
+        memory: capacity per device (``"16GiB"``, bytes, or one per device).
+        machine: a machine profile JSON path (``modelpar.calibrated_machine``).
+        loss_reduction: ``"auto"``, ``"mean"`` or ``"sum"``.
+        allow_random: accept random ops (per-micro-batch masks).
+        trace: write the Chrome trace of the simulated step there.
+
+    Raises:
+        ConfigError: a bad option, named with its valid values (before any
+            pass runs), or a step whose batch size is static.
+        UnsupportedOpError: a step that cannot be split exactly (named node).
+        PlanDoesNotFitError: the stages do not fit the memory.
+    """
+    _require()
+    from .ir import load_graph
+    from .planning import _memory_list
+    if not isinstance(graph, Graph):
+        graph = load_graph(graph)
+    for name, value in (("devices", devices), ("microbatches", microbatches),
+                        ("batch_size", batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"modelpar pipeline: {name}={value!r} is not valid; {name} takes "
+                              f"an int >= 1")
+    p = _C.plan_pipeline(graph, devices, microbatches, batch_size, schedule, partition,
+                         checkpoint, bool(portals), _memory_list(memory), machine,
+                         loss_reduction, bool(allow_random))
+    if trace is not None:
+        p.write_trace(str(trace))
+    return p
