@@ -146,6 +146,32 @@ std::vector<int> pipedreamSplit(const LayerChain& chain, const PartitionOptions&
 /// 1F1B*, or nullopt when no allocation fits (a result, not an error).
 std::optional<StagePartition> madpipePartition(const LayerChain& chain, const PartitionOptions& o);
 
+/// A periodic pattern (seed 004 §3): in period k, each operation starts at
+/// k T + its start and processes micro-batch k - its shift. Per stage the
+/// forward and backward, per cut the activation and the gradient transfer.
+struct PeriodicPattern {
+  double period_us = 0;
+  std::vector<double> fwd_start_us, bwd_start_us, act_start_us, grad_start_us;
+  std::vector<int> fwd_shift, bwd_shift, act_shift, grad_shift;
+  std::vector<int> stage_activations;  ///< bwd_shift - fwd_shift + 1 per stage
+  std::vector<int64_t> memory_bytes;   ///< per device
+  bool optimal = false;                ///< CBC proved the memory minimal
+};
+
+/// MadPipe's second phase (seed 004 §4.3) as an ILP on COIN-OR CBC: a valid
+/// periodic pattern of period `period_us` for the plan's stages and devices
+/// (each device and each cut's link runs one operation at a time, cyclically;
+/// same-micro-batch dependencies F_s -> act_s -> F_s+1, F_last -> B_last,
+/// B_s+1 -> grad_s -> B_s), each device's memory <= o.memory_bytes counting
+/// stage s with bwd_shift - fwd_shift + 1 micro-batches, minimising that
+/// memory. Our own formulation (the paper's cites an ILP of a companion
+/// report): binary order variables per pair of operations on a resource.
+/// The pattern is a stream (no cap at o.microbatches). nullopt when CBC proves
+/// it infeasible or finds nothing within time_limit_s.
+std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const StagePartition& plan,
+                                                  const PartitionOptions& o, double period_us,
+                                                  double time_limit_s = 10);
+
 namespace detail {
 /// The 1F1B* delay arithmetic shared by oneFOneBStarGroups and MadPipe's DP
 /// (seed 004 §4.2's x (+) y): adding y to a delay x stays in x's group if the
