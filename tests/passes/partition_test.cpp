@@ -264,6 +264,7 @@ TEST(MadPipe, NeverExceedsMemoryAndFindsAPlanWhenAContiguousOneFits) {
     LayerChain c = chainOf(time, out, stored, w);
     PartitionOptions o = slowLinks(n, std::uniform_int_distribution<int64_t>(40, 700)(rng));
     o.microbatches = mb(rng);
+    o.madpipe_pattern_time_limit_s = 0;  // phase 1 only: the DP's plan
     // Brute force: the best contiguous plan under 1F1B* (one stage per device).
     double best = INFINITY;
     forEachPartition(L, n, [&](const std::vector<int>& begin) {
@@ -315,6 +316,7 @@ TEST(MadPipe, MatchesExhaustiveSearchOverSpecialDeviceAllocations) {
     LayerChain c = chainOf(time, out, stored, w);
     PartitionOptions o = slowLinks(n, std::uniform_int_distribution<int64_t>(40, 700)(rng));
     o.microbatches = mb(rng);
+    o.madpipe_pattern_time_limit_s = 0;  // phase 1 only: the DP's plan
     double best = INFINITY;
     forEachPartition(L, L, [&](const std::vector<int>& begin) {
       int S = static_cast<int>(begin.size());
@@ -415,6 +417,40 @@ TEST(PatternIlp, SchedulesTheSpecialDeviceAndRespectsMemory) {
     for (int64_t b : tight->memory_bytes) EXPECT_LE(b, 30);
   }
   EXPECT_FALSE(periodicPatternIlp(c, p, o, 3.0).has_value());  // device 0 needs 4 us
+}
+
+TEST(MadPipe, PhaseTwoGivesSharedDevicesAPatternWithinMemory) {
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> t(1, 20), bytes(0, 40), len(2, 8), dev(2, 4);
+  int shared = 0;
+  for (int trial = 0; trial < 150; ++trial) {
+    int L = len(rng), n = dev(rng);
+    std::vector<double> time;
+    std::vector<int64_t> out, stored, w;
+    for (int i = 0; i < L; ++i) {
+      time.push_back(t(rng));
+      out.push_back(i + 1 < L ? bytes(rng) : 0);
+      stored.push_back(bytes(rng));
+      w.push_back(bytes(rng));
+    }
+    LayerChain c = chainOf(time, out, stored, w);
+    PartitionOptions o = slowLinks(n, std::uniform_int_distribution<int64_t>(100, 900)(rng));
+    o.microbatches = 1000;
+    std::optional<StagePartition> p = madpipePartition(c, o);
+    if (!p) continue;
+    std::vector<int> per_device(idx(n), 0);
+    for (int d : p->stage_device) ++per_device[idx(d)];
+    if (*std::max_element(per_device.begin(), per_device.end()) < 2) {
+      EXPECT_FALSE(p->pattern.has_value());
+      continue;
+    }
+    ++shared;
+    ASSERT_TRUE(p->pattern.has_value()) << "trial " << trial;
+    EXPECT_GE(p->period_us, p->dp_period_us);
+    EXPECT_EQ(p->memory_bytes, p->pattern->memory_bytes);
+    for (int64_t b : p->memory_bytes) EXPECT_LE(b, o.memory_bytes) << "trial " << trial;
+  }
+  EXPECT_GT(shared, 10);
 }
 
 TEST(Partition, PartitionsAChainReadFromIr) {
