@@ -7,6 +7,10 @@
 //   cmake --build BUILD --target modelpar_bench_partition
 //   BUILD/bench/modelpar_bench_partition [--rows] [--reps N] [--buckets V,M]
 // (--buckets: MadPipe's delay / memory buckets, default 8,16)
+//   BUILD/bench/modelpar_bench_partition --phase2 [SECONDS]
+// reports instead, for every MadPipe plan whose special device holds several
+// stages, the DP's period and the period of the §4.3 ILP's pattern (CBC
+// limit SECONDS per solve, default 10).
 //
 // Chains: bottleneck ResNets (blocks per stage 3-4-6-3 = 50 layers, 3-4-23-3
 // = 101, 3-24-36-3 = 200 with stem and fc) on 1000x1000 images, batch 8,
@@ -15,7 +19,8 @@
 // k^2 x 4 B (x3 copies); stored = its input (MadPipe's a_{l-1}); the cuts inside a block
 // also carry the block input (the skip edge). Plans are scheduled with 1F1B*
 // as in the paper (PipeDream's and the block partition at the least period
-// at which their memory fits); micro-batches are a stream (m = 10^6).
+// at which their memory fits); MadPipe's plans that share a device get the
+// period of their §4.3 ILP pattern; micro-batches are a stream (m = 10^6).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -102,13 +107,62 @@ std::string ms(double v) { return std::isfinite(v) ? fmt::format("{:.0f}", v) : 
 
 }  // namespace
 
+// MadPipe's phase 2 on every case: for plans that put several stages on one
+// device, how far the ILP's pattern raised the DP's period, and its cost.
+int checkPatterns(double limit_s, const std::vector<int>& devices, const std::vector<double>& memory_gb,
+                  const std::vector<double>& bandwidth_gbs) {
+  int plans = 0, shared = 0, with_pattern = 0, raised = 0;
+  double worst_ratio = 1, worst_s = 0;
+  for (const std::vector<int>& blocks : {std::vector<int>{3, 4, 6, 3}, std::vector<int>{3, 4, 23, 3}}) {
+    mp::LayerChain c = resnet(blocks);
+    for (double bw : bandwidth_gbs) {
+      for (double gb : memory_gb) {
+        for (int n : devices) {
+          mp::PartitionOptions o;
+          o.method = "madpipe";
+          o.devices = n;
+          o.microbatches = 1000000;
+          o.memory_bytes = static_cast<int64_t>(gb * 1e9);
+          o.bandwidth_bytes_per_s = bw * 1e9;
+          o.madpipe_pattern_time_limit_s = limit_s;
+          auto t0 = Clock::now();
+          mp::StagePartition p;
+          try {
+            p = mp::partitionChain(c, o);
+          } catch (const modelpar::PlanDoesNotFitError&) {
+            continue;
+          }
+          double sec = std::chrono::duration<double>(Clock::now() - t0).count();
+          ++plans;
+          if (p.dp_period_us == 0) continue;  // no shared device: 1F1B* is the pattern
+          ++shared;
+          worst_s = std::max(worst_s, sec);
+          if (p.pattern) ++with_pattern;
+          double ratio = p.period_us / p.dp_period_us;
+          if (ratio > 1 + 1e-9) ++raised;
+          worst_ratio = std::max(worst_ratio, ratio);
+          std::printf("%s, %.0f GB/s, %.0f GB, %d devices: %d stages, DP %.0f ms, with pattern %.0f ms "
+                      "(%.2f s in all)\n", blocks[2] == 6 ? "resnet50-like" : "resnet101-like", bw, gb,
+                      n, p.numStages(), p.dp_period_us / 1e3, p.period_us / 1e3, sec);
+        }
+      }
+    }
+  }
+  std::printf("\n%d MadPipe plans; %d share a device between stages, %d of them got a pattern; the "
+              "pattern raised the DP's period in %d (at most x%.2f); slowest plan %.2f s\n",
+              plans, shared, with_pattern, raised, worst_ratio, worst_s);
+  return 0;
+}
+
 int main(int argc, char** argv) {
   bool rows = false;
   int reps = 3, delay_buckets = mp::PartitionOptions{}.madpipe_delay_buckets,
       memory_buckets = mp::PartitionOptions{}.madpipe_memory_buckets;
+  double ilp_limit = 0;
   for (int i = 1; i < argc; ++i) {
     std::string_view a = argv[i];
     if (a == "--rows") rows = true;
+    else if (a == "--phase2") ilp_limit = (i + 1 < argc && argv[i + 1][0] != '-') ? std::atof(argv[++i]) : 10;
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--buckets" && i + 1 < argc) {
       std::string v = argv[++i];
@@ -119,6 +173,7 @@ int main(int argc, char** argv) {
   const std::vector<int> devices{2, 3, 4, 6, 8};
   const std::vector<double> memory_gb{3, 4, 6, 8, 10, 12, 16};
   const std::vector<double> bandwidth_gbs{12, 24};
+  if (ilp_limit > 0) return checkPatterns(ilp_limit, devices, memory_gb, bandwidth_gbs);
   struct Net { std::string name; std::vector<int> blocks; };
   const std::vector<Net> nets{{"resnet50-like", {3, 4, 6, 3}}, {"resnet101-like", {3, 4, 23, 3}}};
 
@@ -188,7 +243,8 @@ int main(int argc, char** argv) {
   // Run times at 200 layers, 8 devices.
   mp::LayerChain big = resnet({3, 24, 36, 3});
   std::printf("\n## Run time, %d layers, 8 devices, 12 GB/s (best of %d)\n\n"
-              "| memory | balance-time s | pipedream s | madpipe s | madpipe period ms |\n|---|---|---|---|---|\n",
+              "| memory | balance-time s | pipedream s | madpipe DP s | period ms | madpipe DP + pattern s | period ms |\n"
+              "|---|---|---|---|---|---|---|\n",
               big.size(), reps);
   for (double gb : {4.0, 8.0, 16.0}) {
     mp::PartitionOptions o;
@@ -198,17 +254,19 @@ int main(int argc, char** argv) {
     o.microbatches = 1000000;
     o.memory_bytes = static_cast<int64_t>(gb * 1e9);
     o.bandwidth_bytes_per_s = 12e9;
-    Result best[3];
-    const char* methods[3] = {"balance-time", "pipedream", "madpipe"};
-    for (int k = 0; k < 3; ++k) {
+    Result best[4];
+    const char* methods[4] = {"balance-time", "pipedream", "madpipe", "madpipe"};
+    for (int k = 0; k < 4; ++k) {
       best[k].seconds = INFINITY;
+      o.madpipe_pattern_time_limit_s = k == 2 ? 0 : 10;
       for (int r = 0; r < reps; ++r) {
         Result x = run(big, o, methods[k]);
         if (x.seconds < best[k].seconds) best[k] = x;
       }
     }
-    std::printf("| %.0f GB | %.4f | %.4f | %.3f | %s |\n", gb, best[0].seconds, best[1].seconds,
-                best[2].seconds, ms(best[2].period_ms).c_str());
+    std::printf("| %.0f GB | %.4f | %.4f | %.3f | %s | %.3f | %s |\n", gb, best[0].seconds,
+                best[1].seconds, best[2].seconds, ms(best[2].period_ms).c_str(), best[3].seconds,
+                ms(best[3].period_ms).c_str());
   }
   return 0;
 }

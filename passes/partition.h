@@ -32,10 +32,12 @@
 //
 // Guarantees: plans cover every layer once, stage_begin ascending from 0;
 // partitionChain returns a plan whose memory_bytes fit memory_bytes per
-// device or throws PlanDoesNotFitError with the numbers. Not done: the §4.3
-// ILP (MadPipe's special device uses the memory of running its stages'
-// forwards before their backwards, Figure 5a, an upper bound of the paper's
-// g-1 estimate, so no ILP is needed to respect memory), replication.
+// device or throws PlanDoesNotFitError with the numbers. MadPipe's special
+// device is counted with the memory of running its stages' forwards before
+// their backwards (Figure 5a), an upper bound where the paper's DP uses the
+// g-1 lower bound; periodicPatternIlp (§4.3, partition_ilp.cpp) then finds an
+// explicit periodic pattern for a plan. Not done: replication (data
+// parallelism inside a stage).
 //
 // Example:
 //   PartitionOptions o;  o.method = "madpipe";  o.devices = 4;
@@ -82,6 +84,22 @@ struct PartitionOptions {
   /// per capacity). Buckets only prune: kept states carry exact values.
   int madpipe_delay_buckets = 8;
   int madpipe_memory_buckets = 16;
+  /// MadPipe phase 2 (§4.3): when the plan puts several stages on a device,
+  /// the least period (binary search, 8 steps) at which periodicPatternIlp
+  /// finds a pattern, with this CBC time limit per solve; 0 skips phase 2.
+  double madpipe_pattern_time_limit_s = 10;
+};
+
+/// A periodic pattern (seed 004 §3): in period k, each operation starts at
+/// k T + its start and processes micro-batch k - its shift. Per stage the
+/// forward and backward, per cut the activation and the gradient transfer.
+struct PeriodicPattern {
+  double period_us = 0;
+  std::vector<double> fwd_start_us, bwd_start_us, act_start_us, grad_start_us;
+  std::vector<int> fwd_shift, bwd_shift, act_shift, grad_shift;
+  std::vector<int> stage_activations;  ///< bwd_shift - fwd_shift + 1 per stage
+  std::vector<int64_t> memory_bytes;   ///< per device
+  bool optimal = false;                ///< CBC proved the memory minimal
 };
 
 /// A partition of the chain into stages placed on devices.
@@ -96,6 +114,11 @@ struct StagePartition {
   std::vector<int> stage_activations;  ///< micro-batches of activations per stage
   std::vector<int64_t> memory_bytes;   ///< per device, as the model counts it
   bool fits = false;              ///< memory_bytes <= capacity on every device
+  /// MadPipe, when a device holds several stages: the ILP's pattern (§4.3),
+  /// whose period and memory then replace the DP's (dp_period_us keeps the
+  /// DP's). Empty when phase 2 is off or CBC found none within its limit.
+  std::optional<PeriodicPattern> pattern;
+  double dp_period_us = 0;
 
   int numStages() const { return static_cast<int>(stage_begin.size()); }
   /// One past the last layer of stage s (needs the chain length).
@@ -143,8 +166,24 @@ std::vector<int> balanceBlocks(std::span<const double> costs, int blocks);
 std::vector<int> pipedreamSplit(const LayerChain& chain, const PartitionOptions& o);
 
 /// MadPipe (partition_madpipe.cpp): the best plan found, evaluated under
-/// 1F1B*, or nullopt when no allocation fits (a result, not an error).
+/// 1F1B*, then (phase 2) given a pattern; nullopt when no allocation fits
+/// (a result, not an error).
 std::optional<StagePartition> madpipePartition(const LayerChain& chain, const PartitionOptions& o);
+
+
+/// MadPipe's second phase (seed 004 §4.3) as an ILP on COIN-OR CBC: a valid
+/// periodic pattern of period `period_us` for the plan's stages and devices
+/// (each device and each cut's link runs one operation at a time, cyclically;
+/// same-micro-batch dependencies F_s -> act_s -> F_s+1, F_last -> B_last,
+/// B_s+1 -> grad_s -> B_s), each device's memory <= o.memory_bytes counting
+/// stage s with bwd_shift - fwd_shift + 1 micro-batches, minimising that
+/// memory. Our own formulation (the paper's cites an ILP of a companion
+/// report): binary order variables per pair of operations on a resource.
+/// The pattern is a stream (no cap at o.microbatches). nullopt when CBC proves
+/// it infeasible or finds nothing within time_limit_s.
+std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const StagePartition& plan,
+                                                  const PartitionOptions& o, double period_us,
+                                                  double time_limit_s = 10);
 
 namespace detail {
 /// The 1F1B* delay arithmetic shared by oneFOneBStarGroups and MadPipe's DP

@@ -25,8 +25,10 @@
 // Special device memory: the paper counts each of its stages with g-1
 // micro-batches (a lower bound; its ILP of §4.3 then finds a feasible
 // schedule). We count g, the forwards-before-backwards order of Figure 5a,
-// which bounds every interleaving, so the plan respects memory without the
-// ILP. At T^ >= U(1, L) + sum C every group is 1, every state's memory is
+// which bounds every interleaving at those index shifts. Whether the shifts
+// are reachable at T^ when stages share a device is another matter: phase 2
+// (addPattern, §4.3) asks the ILP of partition_ilp.cpp for an explicit
+// pattern and raises the period until it finds one. At T^ >= U(1, L) + sum C every group is 1, every state's memory is
 // exact and the pruning keeps a fitting plan whenever a contiguous one
 // exists (remaining feasibility no longer depends on V).
 #include <algorithm>
@@ -188,6 +190,36 @@ std::optional<StagePartition> evaluate(const LayerChain& chain, const DpPlan& pl
   return p;
 }
 
+// Phase 2 (§4.3): a device with several stages needs an explicit pattern;
+// the least period with one lies between the DP's period and `ub`, where
+// the operations can run one after another.
+void addPattern(const LayerChain& chain, StagePartition& p, const PartitionOptions& o, double ub) {
+  std::vector<int> per_device(idx(o.devices), 0);
+  for (int d : p.stage_device) ++per_device[idx(d)];
+  if (*std::max_element(per_device.begin(), per_device.end()) < 2) return;
+  p.dp_period_us = p.period_us;
+  const double limit = o.madpipe_pattern_time_limit_s;
+  std::optional<PeriodicPattern> best = periodicPatternIlp(chain, p, o, p.period_us, limit);
+  if (!best) {
+    double lo = p.period_us, hi = std::max(ub, p.period_us);
+    best = periodicPatternIlp(chain, p, o, hi, limit);
+    if (!best) return;
+    for (int i = 0; i < 8 && lo < hi * (1 - kTolerance); ++i) {
+      double mid = 0.5 * (lo + hi);
+      if (auto q = periodicPatternIlp(chain, p, o, mid, limit)) {
+        best = std::move(q);
+        hi = mid;
+      } else {
+        lo = mid;
+      }
+    }
+  }
+  p.period_us = best->period_us;
+  p.stage_activations = best->stage_activations;
+  p.memory_bytes = best->memory_bytes;
+  p.pattern = std::move(best);
+}
+
 }  // namespace
 
 std::optional<StagePartition> madpipePartition(const LayerChain& chain, const PartitionOptions& o) {
@@ -201,6 +233,7 @@ std::optional<StagePartition> madpipePartition(const LayerChain& chain, const Pa
     if (i + 1 < chain.size()) ub += cutTime(chain, i, o);
   }
   ub = std::max(ub, 1e-9);
+  const double ub_all = ub;
   std::optional<StagePartition> best;
   if (auto plan = dp.run(ub)) best = evaluate(chain, *plan, o);
   if (!best) return std::nullopt;
@@ -216,6 +249,7 @@ std::optional<StagePartition> madpipePartition(const LayerChain& chain, const Pa
       lb = target;
     }
   }
+  if (o.madpipe_pattern_time_limit_s > 0) addPattern(chain, *best, o, ub_all);
   return best;
 }
 
