@@ -15,9 +15,12 @@
 //   madpipe  MadPipe (seed 004 §4.2): n-1 normal devices with one stage each
 //       and one special device that may take several non-contiguous stages;
 //       memory of each stage from 1F1B* groups at a target period T^; the
-//       binary search of Algorithm 1 on T^ (partition_madpipe.cpp).
-// Every plan is then scheduled by `schedule` (MadPipe: always 1F1B*) and its
-// period and memory evaluated (evaluatePartition).
+//       binary search of Algorithm 1 on T^ (partition_madpipe.cpp). Phase 2
+//       (§4.3, partition_ilp.cpp): when the special device holds several
+//       stages, the least period at which an ILP finds an explicit periodic
+//       pattern within memory replaces the DP's (StagePartition::pattern).
+// Every plan is scheduled by `schedule` (MadPipe: always 1F1B*, or its
+// pattern) and its period and memory evaluated (evaluatePartition).
 //
 // Model (seed 004 §3). Cut c (after layer c) costs C(c) = 2 (latency +
 // a_out[c] / bandwidth) per micro-batch on its own link. Period of a plan:
@@ -35,9 +38,10 @@
 // device or throws PlanDoesNotFitError with the numbers. MadPipe's special
 // device is counted with the memory of running its stages' forwards before
 // their backwards (Figure 5a), an upper bound where the paper's DP uses the
-// g-1 lower bound; periodicPatternIlp (§4.3, partition_ilp.cpp) then finds an
-// explicit periodic pattern for a plan. Not done: replication (data
-// parallelism inside a stage).
+// g-1 lower bound. The pattern ILP models a stream (no cap at m) and is
+// bounded by a CBC time limit: if it finds nothing, the plan keeps the DP's
+// period without a pattern. Not done: replication (data parallelism inside
+// a stage); plans are not yet wired into plan() or the schedules.
 //
 // Example:
 //   PartitionOptions o;  o.method = "madpipe";  o.devices = 4;
@@ -181,9 +185,12 @@ std::optional<StagePartition> madpipePartition(const LayerChain& chain, const Pa
 /// report): binary order variables per pair of operations on a resource.
 /// The pattern is a stream (no cap at o.microbatches). nullopt when CBC proves
 /// it infeasible or finds nothing within time_limit_s.
+/// With minimise_memory=false any feasible pattern will do (CBC stops at the
+/// first one; much faster on shared devices with many stages).
 std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const StagePartition& plan,
                                                   const PartitionOptions& o, double period_us,
-                                                  double time_limit_s = 10);
+                                                  double time_limit_s = 10,
+                                                  bool minimise_memory = true);
 
 namespace detail {
 /// The 1F1B* delay arithmetic shared by oneFOneBStarGroups and MadPipe's DP

@@ -55,7 +55,7 @@ struct Ilp {
 
 std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const StagePartition& plan,
                                                   const PartitionOptions& o, double period_us,
-                                                  double time_limit_s) {
+                                                  double time_limit_s, bool minimise_memory) {
   const int S = plan.numStages(), L = chain.size();
   MP_CHECK(S >= 1 && std::isfinite(period_us) && period_us > 0, ConfigError,
            "modelpar partition-ilp: needs a plan with stages and a finite period > 0 (got {} "
@@ -149,6 +149,7 @@ std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const
   m.setDimensions(ilp.rows, cols);
   OsiClpSolverInterface si;
   si.messageHandler()->setLogLevel(0);
+  if (!minimise_memory) std::fill(obj.begin(), obj.end(), 0.0);
   si.loadProblem(m, lb.data(), ub.data(), obj.data(), ilp.row_lb.data(), ilp.row_ub.data());
   for (int c = h0; c < cols; ++c) si.setInteger(c);
   CbcModel model(si);

@@ -198,15 +198,18 @@ void addPattern(const LayerChain& chain, StagePartition& p, const PartitionOptio
   for (int d : p.stage_device) ++per_device[idx(d)];
   if (*std::max_element(per_device.begin(), per_device.end()) < 2) return;
   p.dp_period_us = p.period_us;
+  // The search only needs feasibility; the pattern at the period found is
+  // then solved again for the least memory (kept if CBC finds none in time).
   const double limit = o.madpipe_pattern_time_limit_s;
-  std::optional<PeriodicPattern> best = periodicPatternIlp(chain, p, o, p.period_us, limit);
+  auto feasible = [&](double t) { return periodicPatternIlp(chain, p, o, t, limit, false); };
+  std::optional<PeriodicPattern> best = feasible(p.period_us);
   if (!best) {
     double lo = p.period_us, hi = std::max(ub, p.period_us);
-    best = periodicPatternIlp(chain, p, o, hi, limit);
+    best = feasible(hi);
     if (!best) return;
     for (int i = 0; i < 8 && lo < hi * (1 - kTolerance); ++i) {
       double mid = 0.5 * (lo + hi);
-      if (auto q = periodicPatternIlp(chain, p, o, mid, limit)) {
+      if (auto q = feasible(mid)) {
         best = std::move(q);
         hi = mid;
       } else {
@@ -214,6 +217,7 @@ void addPattern(const LayerChain& chain, StagePartition& p, const PartitionOptio
       }
     }
   }
+  if (auto lean = periodicPatternIlp(chain, p, o, best->period_us, limit, true)) best = std::move(lean);
   p.period_us = best->period_us;
   p.stage_activations = best->stage_activations;
   p.memory_bytes = best->memory_bytes;
