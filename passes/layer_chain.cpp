@@ -44,7 +44,37 @@ bool isForward(const ir::Node& n) { return !n.phase || *n.phase == ir::Phase::Fo
 
 }  // namespace
 
-LayerChain chainFromGraph(const ir::Graph& g, const ChainOptions& options) {
+ir::Graph withInheritedLayers(const ir::Graph& input) {
+  ir::Graph g = input;
+  std::string first;
+  for (const ir::Node& n : g.nodes()) {
+    if (!n.layer.empty() && isForward(n)) {
+      first = n.layer;
+      break;
+    }
+  }
+  for (size_t i = 0; i < g.numNodes(); ++i) {
+    ir::Node& n = g.node(static_cast<ir::NodeId>(i));
+    if (!n.layer.empty() || (n.phase && *n.phase == ir::Phase::Update)) continue;
+    ir::NodeId latest = ir::kNoId;
+    for (ir::ValueId v : n.inputs()) {
+      ir::NodeId p = g.value(v).producer;
+      if (p != ir::kNoId && !g.node(p).layer.empty() && (latest == ir::kNoId || p > latest)) {
+        latest = p;
+      }
+    }
+    n.layer = latest != ir::kNoId ? g.node(latest).layer : first;
+  }
+  return g;
+}
+
+LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
+  if (options.inherit_layers) {
+    ChainOptions strict = options;
+    strict.inherit_layers = false;
+    return chainFromGraph(withInheritedLayers(input), strict);
+  }
+  const ir::Graph& g = input;
   // 1. Layers in order of their first forward node; check layers and costs.
   std::unordered_map<std::string, int> index;
   LayerChain chain;

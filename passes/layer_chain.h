@@ -74,7 +74,14 @@ struct LayerChain {
 
 struct ChainOptions {
   double weight_copies = 3.0;
+  /// Give a node without a layer (a functional op such as F.relu in a
+  /// torch.compile graph) the layer of the latest node it reads that has one,
+  /// else the first layer; false: such a node is a ConfigError.
+  bool inherit_layers = false;
 };
+
+/// g with every non-update node's empty layer filled as inherit_layers says.
+ir::Graph withInheritedLayers(const ir::Graph& g);
 
 /// Builds the chain of g's layers (see the file comment).
 LayerChain chainFromGraph(const ir::Graph& g, const ChainOptions& options = {});

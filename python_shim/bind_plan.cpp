@@ -19,6 +19,8 @@
 #include "passes/microbatch.h"
 #include "passes/pipeline.h"
 #include "passes/pipeline_plan.h"
+#include "passes/partition.h"
+#include "passes/layer_chain.h"
 
 namespace py = pybind11;
 
@@ -424,6 +426,71 @@ void bindPlan(py::module_& m) {
             passes::writeChromeTrace(path, p.program, p.simulation);
           },
           py::arg("path"), "Writes the Chrome / Perfetto trace JSON of the simulated step.");
+  m.def(
+      "layer_chain",
+      [](const ir::Graph& g, double weight_copies) {
+        passes::ChainOptions co;
+        co.weight_copies = weight_copies;
+        co.inherit_layers = true;
+        passes::LayerChain c = passes::chainFromGraph(g, co);
+        py::list rows;
+        for (const passes::ChainLayer& l : c.layers) {
+          py::dict d;
+          d["name"] = l.name;
+          d["fwd_us"] = l.fwd_us;
+          d["bwd_us"] = l.bwd_us;
+          d["weight_bytes"] = l.weight_bytes;
+          d["stored_bytes"] = l.stored_bytes;
+          d["out_bytes"] = l.out_bytes;
+          rows.append(d);
+        }
+        return rows;
+      },
+      py::arg("graph"), py::arg("weight_copies") = 3.0,
+      "passes::chainFromGraph: one dict per layer (name, fwd_us, bwd_us, weight_bytes, "
+      "stored_bytes, out_bytes); the graph needs costs (plan or profile it first).");
+  m.def(
+      "partition_chain",
+      [](const ir::Graph& g, const std::string& method, int devices, int microbatches,
+         int64_t memory, double bandwidth, double latency_us, const std::string& schedule,
+         double weight_copies) {
+        passes::ChainOptions co;
+        co.weight_copies = weight_copies;
+        co.inherit_layers = true;
+        passes::LayerChain c = passes::chainFromGraph(g, co);
+        passes::PartitionOptions o;
+        o.method = method;
+        o.devices = devices;
+        o.microbatches = microbatches;
+        o.memory_bytes = memory;
+        o.bandwidth_bytes_per_s = bandwidth;
+        o.latency_us = latency_us;
+        auto kind = passes::parsePipelineSchedule(schedule);
+        if (!kind) {
+          throw ConfigError("modelpar partition: schedule='" + schedule +
+                            "' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b*'");
+        }
+        o.schedule = *kind;
+        passes::StagePartition p;
+        {
+          py::gil_scoped_release no_gil;
+          p = passes::partitionChain(c, o);
+        }
+        py::dict d;
+        d["method"] = p.method;
+        d["stage_begin"] = p.stage_begin;
+        d["stage_device"] = p.stage_device;
+        d["period_us"] = p.period_us;
+        d["load_period_us"] = p.load_period_us;
+        d["memory_bytes"] = p.memory_bytes;
+        d["stage_activations"] = p.stage_activations;
+        d["fits"] = p.fits;
+        return d;
+      },
+      py::arg("graph"), py::arg("method"), py::arg("devices"), py::arg("microbatches"),
+      py::arg("memory"), py::arg("bandwidth"), py::arg("latency_us"), py::arg("schedule"),
+      py::arg("weight_copies") = 3.0,
+      "passes::partitionChain on chainFromGraph(graph): stages, devices, period, memory.");
   m.def(
       "plan_pipeline",
       [](const ir::Graph& g, int devices, int microbatches, int64_t batch_size,

@@ -121,5 +121,30 @@ TEST(LayerChain, ValidateNamesTheBadLayer) {
   EXPECT_HAS(messageOf<ConfigError>([&] { c.validate(); }), "layer 'neg' has negative bytes (weights -5");
 }
 
+
+TEST(ChainFromGraph, InheritLayersGivesFunctionalOpsTheLayerTheyRead) {
+  // %r (a functional relu) has no layer: it joins l0, whose output it reads;
+  // its backward %gr joins l1 (the latest layer among what it reads).
+  ir::Graph g = ir::parseGraph(R"(
+graph @g(%x: f32[4] input, %w0: f32[4] param, %w1: f32[4] param) {
+  %a: f32[4] = aten::mul.Tensor(%x, %w0) {layer="l0", phase=fwd, )" COST(1.0) R"(}
+  %r: f32[4] = aten::relu(%a) {phase=fwd, )" COST(2.0) R"(}
+  %b: f32[4] = aten::mul.Tensor(%r, %w1) {layer="l1", phase=fwd, )" COST(3.0) R"(}
+  %gb: f32[4] = aten::mul.Tensor(%b, %w1) {layer="l1", phase=bwd, )" COST(4.0) R"(}
+  %gr: f32[4] = aten::threshold_backward(%gb, %r, 0) {phase=bwd, )" COST(5.0) R"(}
+  return %gr
+})");
+  EXPECT_HAS(messageOf<ConfigError>([&] { chainFromGraph(g); }), "node %r (aten::relu)");
+  ChainOptions o;
+  o.inherit_layers = true;
+  LayerChain c = chainFromGraph(g, o);
+  ASSERT_EQ(c.size(), 2);
+  EXPECT_EQ(c.layers[0].name, "l0");
+  EXPECT_DOUBLE_EQ(c.layers[0].fwd_us, 3.0);  // %a + %r
+  EXPECT_DOUBLE_EQ(c.layers[1].bwd_us, 9.0);  // %gb + %gr
+  EXPECT_EQ(withInheritedLayers(g).node(1).layer, "l0");
+  EXPECT_TRUE(g.node(1).layer.empty());  // the caller's graph is unchanged
+}
+
 }  // namespace
 }  // namespace modelpar::passes
