@@ -7,17 +7,12 @@
 #include <string>
 
 #include "ir/ir.h"
+#include "tests/support/read_file.h"
 
 namespace modelpar::ir {
 namespace {
 
-std::string readExample(const std::string& name) {
-  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/" + name);
-  EXPECT_TRUE(in.good()) << "missing example " << name;
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+using modelpar::testing::readExample;
 
 std::string verifyError(const Program& p) {
   try {

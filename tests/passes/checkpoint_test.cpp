@@ -19,6 +19,7 @@
 #include "passes/simulate.h"
 #include "test_graphs.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
 
 namespace modelpar::passes {
 namespace {
@@ -26,13 +27,11 @@ namespace {
 using modelpar::testing::messageOf;
 
 ir::Graph splitMlp(int m) {
-  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/mlp_step_symbolic.txt");
-  std::stringstream ss;
-  ss << in.rdbuf();
+  const std::string text = modelpar::testing::readExample("mlp_step_symbolic.txt");
   MicrobatchOptions o;
   o.microbatches = m;
   o.batch_size = 8;
-  return microbatch(ir::parseGraph(ss.str()), o);
+  return microbatch(ir::parseGraph(text), o);
 }
 
 /// Stage per node from its layer: fc1 on stage 0, everything else on 1.

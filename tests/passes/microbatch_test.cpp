@@ -16,6 +16,7 @@
 #include "ir/verifier.h"
 #include "passes/batch_symbol.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
 
 namespace modelpar::passes {
 namespace {
@@ -23,10 +24,7 @@ namespace {
 using modelpar::testing::messageOf;
 
 ir::Graph loadExample(const std::string& name) {
-  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/" + name);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ir::parseGraph(ss.str());
+  return ir::parseGraph(modelpar::testing::readExample(name));
 }
 
 MicrobatchOptions opts(int m, int64_t b) {

@@ -15,6 +15,7 @@
 #include "ir/parser.h"
 #include "ir/verifier.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
 
 namespace modelpar::passes {
 namespace {
@@ -22,10 +23,7 @@ namespace {
 using testing::messageOf;
 
 ir::Graph readExample(const std::string& name) {
-  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/" + name);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ir::parseGraph(ss.str());
+  return ir::parseGraph(testing::readExample(name));
 }
 
 PipelinePlanOptions options(const std::string& schedule, const std::string& checkpoint,

@@ -17,6 +17,7 @@
 #include "passes/lower.h"
 #include "passes/simulate.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
 #include "test_graphs.h"
 
 namespace modelpar::passes {
@@ -430,11 +431,8 @@ graph @g(%x: f32[4] input) {
 // examples/ir/mlp_pipeline_gpipe.txt is exactly what schedule + lower make
 // of its graph (devices dropped) with fc1 on stage 0 and fc2 / loss on 1.
 TEST(PipelineSchedule, RegeneratesTheGPipeExampleProgram) {
-  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/mlp_pipeline_gpipe.txt");
-  ASSERT_TRUE(in.good());
-  std::stringstream text;
-  text << in.rdbuf();
-  ir::Program example = ir::parseProgram(text.str());
+  ir::Program example =
+      ir::parseProgram(modelpar::testing::readExample("mlp_pipeline_gpipe.txt"));
   ir::verify(example);
   ir::Graph g = example.graph();
   for (ir::Input& i : g.inputs()) i.device.reset();

@@ -2,6 +2,7 @@
 // checks, verification naming the pass, dumps, progress, statistics, and the
 // caller's graph left untouched when anything throws.
 #include "passes/pipeline.h"
+#include "tests/support/read_file.h"
 
 #include <gtest/gtest.h>
 
@@ -64,12 +65,7 @@ PlanOptions twoDevices(std::string placer = "m-etf") {
   return o;
 }
 
-std::string readFile(const std::filesystem::path& p) {
-  std::ifstream in(p);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string readFile(const std::filesystem::path& p) { return modelpar::testing::readFile(p.string()); }
 
 TEST(Pipeline, PlansTheDiamondAtTheHandComputedStepTime) {
   ir::Graph g = ir::parseGraph(kDiamond);
@@ -384,10 +380,8 @@ TEST(Pipeline, ReplicatesAOneDeviceProfileAndTrimsLargerOnes) {
 }
 
 TEST(Pipeline, PlansTheMlpExampleWithAnalyticCosts) {
-  std::ifstream in(std::string(MODELPAR_SOURCE_DIR) + "/examples/ir/mlp_step.txt");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  ir::Graph g = ir::parseGraph(ss.str());
+  const std::string text = modelpar::testing::readExample("mlp_step.txt");
+  ir::Graph g = ir::parseGraph(text);
   for (std::string_view placer : kPlacerNames) {
     PlanOptions o;
     o.dump_dir = "";

@@ -11,6 +11,7 @@
 
 #include "runtime/device.h"
 #include "runtime/executor.h"
+#include "tests/support/read_file.h"
 
 #ifdef MODELPAR_WITH_CUDA
 #include <ATen/core/Tensor.h>
@@ -43,12 +44,7 @@ constexpr int64_t kLongSpin = 200'000'000;  // cycles: ~0.1 s on a ~2 GHz GPU
 
 c10::cuda::CUDAStream cudaOf(const Stream& s) { return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s.native()); }
 
-std::string readFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using modelpar::testing::readFile;
 
 at::TensorOptions gpu() { return at::TensorOptions().device(c10::Device("cuda:0")); }
 

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -63,12 +64,7 @@ using c10::IValue;
 
 using modelpar::testing::messageOf;
 
-std::string readFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using modelpar::testing::readFile;
 
 void expectSame(const std::vector<IValue>& a, const std::vector<IValue>& b) {
   ASSERT_EQ(a.size(), b.size());

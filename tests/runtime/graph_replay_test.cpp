@@ -20,6 +20,7 @@
 #include "runtime/executor.h"
 #include "runtime/graph_segments.h"
 #include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
 
 namespace modelpar::runtime {
 namespace {
@@ -27,12 +28,7 @@ namespace {
 using c10::IValue;
 using modelpar::testing::messageOf;
 
-std::string readFile(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
+using modelpar::testing::readFile;
 
 ir::Program mlpPipeline() {
   return ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
