@@ -159,7 +159,9 @@ void Microbatcher::findDeferredBatchNorms() {
                              [](const ir::Dim& dim) { return dim.isStatic(); }),
              UnsupportedOpError,
              "{}: graph @{}: {}: deferred batch norm needs its input at [{}, C, ...] with the "
-             "batch first and static other dimensions, got {}",
+             "batch first and static other dimensions (the element count per channel weights the "
+             "micro-batches; under torch.compile mark only the batch dynamic, "
+             "torch._dynamo.mark_dynamic(x, 0), instead of dynamic=True), got {}",
              kWho, g_.name(), ref(id), d_.batch.symbol, ir::toString(xt));
     for (size_t i = 3; i < 5; ++i) {
       for (NodeId u : users_[static_cast<size_t>(nd.outputs[i])]) {

@@ -365,6 +365,13 @@ graph @cf(%x: f32[3, B] input, %w: f32[3] param, %b: f32[3] param, %rm: f32[3] b
   });
   EXPECT_HAS(msg, "needs its input at [B, C, ...]");
   EXPECT_HAS(msg, "got f32[3, B]");
+  // Symbolic spatial dimensions (torch.compile's dynamic=True) leave the
+  // element count per channel unknown.
+  msg = messageOf<UnsupportedOpError>([&] {
+    microbatch(edit("%x: f32[B, 3, 2, 2] input", "%x: f32[B, 3, H, 2] input"), deferred(2, 4));
+  });
+  EXPECT_HAS(msg, "mark_dynamic(x, 0)");
+  EXPECT_HAS(msg, "got f32[B, 3, H, 2]");
   // The in-place form updates the buffers per micro-batch.
   msg = messageOf<UnsupportedOpError>([] {
     microbatch(ir::parseGraph(R"(
