@@ -29,11 +29,21 @@ void rewriteArgs(Arg& a, F&& lookup) {
   for (Arg& item : a.items()) rewriteArgs(item, lookup);
 }
 
+constexpr std::string_view kFunctionalBn = "aten::_native_batch_norm_legit_functional";
+
 /// What to say when a batch-norm op's statistics stop the split.
-std::string_view batchNormHint(std::string_view op) {
+std::string batchNormHint(std::string_view op, BatchNormMode mode) {
   if (op.find("batch_norm") == std::string_view::npos) return "";
-  return " (batch norm computes its statistics per micro-batch; deferred batch norm is not "
-         "supported yet: use eval-mode batch norm, group or layer norm, or one micro-batch)";
+  if (mode == BatchNormMode::Refuse) {
+    return " (batch norm computes its statistics per micro-batch: set the batch_norm option to "
+           "deferred (BatchNormMode::Deferred, torchgpipe's DeferredBatchNorm) to normalise each "
+           "micro-batch with its own statistics and update the running statistics from the whole "
+           "batch's, or use eval-mode batch norm, group or layer norm, or one micro-batch)";
+  }
+  return fmt::format(" (deferred batch norm combines only the new running mean / var of {}; its "
+                     "per-micro-batch save_mean / save_rstd must stay inside the micro-batches, "
+                     "and other batch-norm forms must be functionalized first)",
+                     kFunctionalBn);
 }
 
 }  // namespace
@@ -50,6 +60,7 @@ ir::Graph Microbatcher::run() {
   classify(/*seed_root=*/ir::kNoId);
   findLossAndSeed();
   if (d_.seed_is_root) classify(d_.seed);
+  findDeferredBatchNorms();
   decideCombinations();
   checkExactness();
   // 6.
@@ -100,6 +111,78 @@ void Microbatcher::classify(ValueId seed_root) {
   }
 }
 
+// 3b. Batch norms whose running statistics are deferred: training-mode
+// functional batch norms run per micro-batch, under batch_norm = Deferred.
+void Microbatcher::findDeferredBatchNorms() {
+  d_.deferred_bn.assign(g_.numNodes(), 0);
+  if (o_.batch_norm != BatchNormMode::Deferred) return;
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    const ir::Node& nd = g_.nodes()[n];
+    if (d_.where[n] != Where::PerMb || nd.op.find("batch_norm") == std::string::npos) continue;
+    auto id = static_cast<NodeId>(n);
+    std::string q = nd.qualifiedName();
+    const bool training = nd.args.size() > 5 && nd.args[5].kind() == Arg::Kind::Bool &&
+                          nd.args[5].toBool();
+    if (q == "aten::native_batch_norm" && training) {
+      MP_THROW(UnsupportedOpError,
+               "{}: graph @{}: {} updates the running statistics in place per micro-batch; "
+               "deferred batch norm needs the functional form {} (the modelpar backend "
+               "functionalizes native_batch_norm into it)",
+               kWho, g_.name(), ref(id), kFunctionalBn);
+    }
+    if (q != kFunctionalBn || !training) continue;  // eval mode / other forms: the checks decide
+    MP_CHECK(nd.args.size() == 8 && nd.outputs.size() == 5, InvalidIrError,
+             "{}: graph @{}: {} has {} arguments and {} outputs, not 8 and 5", kWho, g_.name(),
+             ref(id), nd.args.size(), nd.outputs.size());
+    for (int i : {6, 7}) {
+      Arg::Kind k = nd.args[static_cast<size_t>(i)].kind();
+      MP_CHECK(k == Arg::Kind::Float || k == Arg::Kind::Int, UnsupportedOpError,
+               "{}: graph @{}: {}: deferred batch norm needs a constant {}", kWho, g_.name(),
+               ref(id), i == 6 ? "momentum" : "eps");
+    }
+    for (int i : {3, 4}) {
+      const Arg& a = nd.args[static_cast<size_t>(i)];
+      MP_CHECK(a.isValue() && !producedPerMb(a.toValue()) &&
+                   !(g_.inputIndex(a.toValue()) &&
+                     d_.batch.input_dim[*g_.inputIndex(a.toValue())] >= 0),
+               UnsupportedOpError,
+               "{}: graph @{}: {}: deferred batch norm needs the running {} to be one tensor "
+               "shared by all micro-batches (a buffer), not None or batched",
+               kWho, g_.name(), ref(id), i == 3 ? "mean" : "var");
+    }
+    MP_CHECK(nd.args[0].isValue(), InvalidIrError, "{}: graph @{}: {} normalises a constant",
+             kWho, g_.name(), ref(id));
+    const ir::Type& xt = g_.value(nd.args[0].toValue()).type;
+    MP_CHECK(xt.isTensor() && xt.shape.size() >= 2 &&
+                 batchDimOf(xt, d_.batch.symbol) == 0 &&
+                 std::all_of(xt.shape.begin() + 1, xt.shape.end(),
+                             [](const ir::Dim& dim) { return dim.isStatic(); }),
+             UnsupportedOpError,
+             "{}: graph @{}: {}: deferred batch norm needs its input at [{}, C, ...] with the "
+             "batch first and static other dimensions (the element count per channel weights the "
+             "micro-batches; under torch.compile mark only the batch dynamic, "
+             "torch._dynamo.mark_dynamic(x, 0), instead of dynamic=True), got {}",
+             kWho, g_.name(), ref(id), d_.batch.symbol, ir::toString(xt));
+    for (size_t i = 3; i < 5; ++i) {
+      for (NodeId u : users_[static_cast<size_t>(nd.outputs[i])]) {
+        // A training-mode backward receives the running stats but does not
+        // read them (AOTAutograd passes them along): its copy may read the
+        // micro-batch's own.
+        const ir::Node& un = g_.node(u);
+        bool ignores = un.qualifiedName() == "aten::native_batch_norm_backward" &&
+                       un.args.size() > 7 && un.args[7].kind() == Arg::Kind::Bool &&
+                       un.args[7].toBool();
+        MP_CHECK(ignores || d_.where[static_cast<size_t>(u)] == Where::Post, UnsupportedOpError,
+                 "{}: graph @{}: %{} (the new running {} of {}) is read by {} inside the "
+                 "micro-batches; under deferred batch norm it is only known after all of them",
+                 kWho, g_.name(), g_.value(nd.outputs[i]).name, i == 3 ? "mean" : "var", ref(id),
+                 ref(u));
+      }
+    }
+    d_.deferred_bn[n] = 1;
+  }
+}
+
 // 4. Values leaving the micro-batches: read by a node after them, or returned.
 void Microbatcher::decideCombinations() {
   d_.combine.assign(g_.numValues(), Combine::None);
@@ -120,7 +203,9 @@ void Microbatcher::decideCombinations() {
              "micro-batches; its value differs per micro-batch",
              kWho, g_.name(), val.name, ir::toString(val.type), who);
     int dim = batchDimOf(val.type, d_.batch.symbol);
-    if (dim >= 0) {
+    if (isDeferredBn(val.producer) && val.output_index >= 3) {
+      d_.combine[vi] = Combine::RunningStat;
+    } else if (dim >= 0) {
       d_.combine[vi] = Combine::Cat;
       d_.cat_dim[vi] = dim;
     } else if (v == d_.loss) {
@@ -134,7 +219,7 @@ void Microbatcher::decideCombinations() {
                "its micro-batch values do not combine into the full batch's{}",
                kWho, g_.name(), val.name, producerOf(v).qualifiedName(), who,
                d_.loss == ir::kNoId ? " (no loss found: set the loss option)" : "",
-               batchNormHint(producerOf(v).op));
+               batchNormHint(producerOf(v).op, o_.batch_norm));
     }
   }
   bool gradients = std::any_of(d_.combine.begin(), d_.combine.end(),
@@ -171,13 +256,14 @@ void Microbatcher::checkExactness() const {
                                [&](ValueId o) { return on[static_cast<size_t>(o)] != 0; });
     if (on_path && !isReducer(id)) checkLinear(id, on);
     if (on_path || nd.phase.value_or(Phase::Forward) != Phase::Forward) continue;
+    if (isDeferredBn(id)) continue;  // its statistics: see findDeferredBatchNorms
     for (ValueId o : nd.outputs) {
       const Type& t = g_.value(o).type;
       if (!t.isTensor() || hasBatchDim(o)) continue;
       MP_THROW(UnsupportedOpError,
                "{}: graph @{}: %{} = {} reduces over the batch in the forward and is not the "
                "loss: per micro-batch it would differ from the full batch's{}",
-               kWho, g_.name(), g_.value(o).name, nd.qualifiedName(), batchNormHint(nd.op));
+               kWho, g_.name(), g_.value(o).name, nd.qualifiedName(), batchNormHint(nd.op, o_.batch_norm));
     }
   }
 }
@@ -265,6 +351,7 @@ ir::Graph Microbatcher::build() {
   }
   std::vector<ValueId> acc(g_.numValues(), ir::kNoId);
   std::vector<std::vector<ValueId>> parts(g_.numValues());
+  std::vector<std::vector<NodeId>> bn_copies(g_.numNodes());  // deferred batch norms, per mb
   int64_t start = 0;
   for (size_t k = 0; k < nmb; ++k) {
     const int64_t bk = d_.sizes[k];
@@ -310,6 +397,7 @@ ir::Graph Microbatcher::build() {
       const ir::Node& nd = g_.nodes()[n];
       NodeId c = copyNode(nd, lookup, suffix, bk);
       out.node(c).microbatch = mb;
+      if (isDeferredBn(static_cast<NodeId>(n))) bn_copies[n].push_back(c);
       if (nd.cost) {  // a micro-batch does b_k/B of the work; weights count once
         ir::Cost cost = *nd.cost;
         double f = static_cast<double>(bk) / static_cast<double>(d_.total);
@@ -327,7 +415,8 @@ ir::Graph Microbatcher::build() {
         const std::string& name = g_.value(o).name;
         if (o == d_.seed) local[oi] = scaleSeed(copy, name + suffix + ".scaled", nd.layer);
         switch (d_.combine[oi]) {
-          case Combine::None: break;
+          case Combine::None:
+          case Combine::RunningStat: break;  // after the micro-batches, from bn_copies
           case Combine::Cat: parts[oi].push_back(copy); break;
           case Combine::Accumulate:
             if (o_.accumulate_in_reverse) {  // chained after the loop, last micro-batch first
@@ -389,6 +478,78 @@ ir::Graph Microbatcher::build() {
     addAttrs(c, prod.layer, prod.phase.value_or(Phase::Forward), std::nullopt);
     combined[vi] = out.node(c).outputs[0];
   }
+  // Deferred batch norms: the running statistics from the whole batch's
+  // mean and unbiased variance, combined from the micro-batches' statistics.
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    if (!isDeferredBn(static_cast<NodeId>(n))) continue;
+    const ir::Node& nd = g_.nodes()[n];
+    ValueId rm_out = nd.outputs[3], rv_out = nd.outputs[4];
+    if (d_.combine[static_cast<size_t>(rm_out)] != Combine::RunningStat &&
+        d_.combine[static_cast<size_t>(rv_out)] != Combine::RunningStat) {
+      continue;  // the running statistics are not used
+    }
+    const std::vector<NodeId>& copies = bn_copies[n];
+    if (copies.size() == 1) {  // one micro-batch: the copy's own update is the batch's
+      combined[static_cast<size_t>(rm_out)] = out.node(copies[0]).outputs[3];
+      combined[static_cast<size_t>(rv_out)] = out.node(copies[0]).outputs[4];
+      continue;
+    }
+    const ir::Type& xt = g_.value(nd.args[0].toValue()).type;
+    int64_t inner = 1;  // elements per channel and sample
+    for (size_t i = 2; i < xt.shape.size(); ++i) inner *= xt.shape[i].size;
+    const double total_n = static_cast<double>(d_.total * inner);
+    MP_CHECK(total_n > 1, UnsupportedOpError,
+             "{}: graph @{}: {} has {} value per channel in the batch; batch norm needs more",
+             kWho, g_.name(), ref(static_cast<NodeId>(n)), total_n);
+    const double momentum = nd.args[6].kind() == Arg::Kind::Int
+                                ? static_cast<double>(nd.args[6].toInt()) : nd.args[6].toDouble();
+    const double eps = nd.args[7].kind() == Arg::Kind::Int
+                           ? static_cast<double>(nd.args[7].toInt()) : nd.args[7].toDouble();
+    const Type stat_type = out.value(out.node(copies[0]).outputs[1]).type;
+    const std::string& base = g_.value(rm_out).name;
+    auto add = [&](std::string_view op, std::vector<Arg> args, const std::string& name) {
+      NodeId a = out.addNode(op, std::move(args), {{fresh(name), stat_type}});
+      addAttrs(a, nd.layer, Phase::Forward, std::nullopt);
+      return out.node(a).outputs[0];
+    };
+    auto weighted = [&](ValueId acc_v, ValueId term, double w, const std::string& name) {
+      if (acc_v == ir::kNoId) return add("aten::mul.Scalar", {Arg::value(term), Arg::floating(w)}, name);
+      return add("aten::add.Tensor",
+                 {Arg::value(acc_v), Arg::value(term), Arg::floating(w).withKeyword("alpha")}, name);
+    };
+    // M = Σ n_k·mean_k / N; V = Σ n_k·(var_k + (mean_k - M)^2) / N.
+    ValueId mean = ir::kNoId, var = ir::kNoId;
+    for (size_t k = 0; k < copies.size(); ++k) {
+      const double wk = static_cast<double>(d_.sizes[k] * inner) / total_n;
+      mean = weighted(mean, out.node(copies[k]).outputs[1], wk,
+                      fmt::format("{}.batch_mean{}", base, k + 1 == copies.size() ? "" : fmt::format(".acc{}", k)));
+    }
+    for (size_t k = 0; k < copies.size(); ++k) {
+      const ValueId mean_k = out.node(copies[k]).outputs[1];  // no reference: add() grows out
+      const ValueId rstd_k = out.node(copies[k]).outputs[2];
+      const std::string pre = fmt::format("{}.mb{}", base, k);
+      ValueId r2 = add("aten::pow.Tensor_Scalar", {Arg::value(rstd_k), Arg::integer(-2)}, pre + ".rstd_m2");
+      ValueId vk = add("aten::sub.Scalar", {Arg::value(r2), Arg::floating(eps)}, pre + ".var");
+      ValueId dk = add("aten::sub.Tensor", {Arg::value(mean_k), Arg::value(mean)}, pre + ".dev");
+      ValueId d2 = add("aten::mul.Tensor", {Arg::value(dk), Arg::value(dk)}, pre + ".dev2");
+      ValueId tk = add("aten::add.Tensor", {Arg::value(vk), Arg::value(d2)}, pre + ".spread");
+      const double wk = static_cast<double>(d_.sizes[k] * inner) / total_n;
+      var = weighted(var, tk, wk,
+                     fmt::format("{}.batch_var{}", base, k + 1 == copies.size() ? "" : fmt::format(".acc{}", k)));
+    }
+    ValueId unbiased = add("aten::mul.Scalar", {Arg::value(var), Arg::floating(total_n / (total_n - 1))},
+                           base + ".batch_var_unbiased");
+    auto update = [&](ValueId running, ValueId stat, ValueId orig) {
+      ValueId kept = add("aten::mul.Scalar", {sharedLookup(running), Arg::floating(1.0 - momentum)},
+                         g_.value(orig).name + ".kept");
+      combined[static_cast<size_t>(orig)] =
+          add("aten::add.Tensor",
+              {Arg::value(kept), Arg::value(stat), Arg::floating(momentum).withKeyword("alpha")},
+              g_.value(orig).name);
+    };
+    update(nd.args[3].toValue(), mean, rm_out);
+    update(nd.args[4].toValue(), unbiased, rv_out);
+  }
   for (size_t n = 0; n < g_.numNodes(); ++n) {
     if (d_.where[n] != Where::Post) continue;
     const ir::Node& nd = g_.nodes()[n];
@@ -426,6 +587,12 @@ std::vector<int64_t> microbatchSizes(int64_t batch, int microbatches) {
 
 ir::Graph microbatch(const ir::Graph& g, const MicrobatchOptions& options) {
   return microbatch_detail::Microbatcher(g, options).run();
+}
+
+BatchNormMode parseBatchNormMode(std::string_view s) {
+  if (s == "refuse") return BatchNormMode::Refuse;
+  if (s == "deferred") return BatchNormMode::Deferred;
+  MP_THROW(ConfigError, "{}: batch_norm '{}' is not one of refuse, deferred", microbatch_detail::kWho, s);
 }
 
 LossReduction parseLossReduction(std::string_view s) {

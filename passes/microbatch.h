@@ -40,12 +40,36 @@
 // as a forward: its batched outputs are concatenated). Refuses
 // (UnsupportedOpError naming the node) what cannot be exact: a value without
 // the batch dimension computed from batched data in the forward that is not
-// the loss (batch-norm statistics: deferred batch norm is not supported yet),
+// the loss (batch-norm statistics, unless batch_norm = Deferred, below),
 // a loss that is not a weighted sum of its micro-batches' losses, random ops
 // (unless allow_random), in-place ops on shared values, sizes derived from
 // the batch leaving the micro-batches. Guarantees: the caller's graph is not
 // modified; the result verifies; every dimension that is S, or an
 // expression of S and integers, is static in it.
+//
+// Deferred batch norm (batch_norm = BatchNormMode::Deferred): batch norm is
+// the exception to micro-batch independence (seed 002 §2, footnote 1);
+// torchgpipe's DeferredBatchNorm keeps the running statistics exact.
+// A training-mode `aten::_native_batch_norm_legit_functional(x, w, b, rm, rv,
+// true, momentum, eps)` (AOTAutograd's form; the backend rewrites
+// native_batch_norm into it) is copied per micro-batch: each micro-batch is
+// normalised with its own statistics (its out / save_mean / save_rstd are
+// per micro-batch, as in torchgpipe). Its new_running_mean / new_running_var
+// are instead computed once from the whole batch: with n_k the elements per
+// channel of micro-batch k (b_k times the spatial size), N = Σ n_k,
+// mean_k = save_mean_k and var_k = save_rstd_k^-2 - eps (the biased variance),
+//   M = Σ n_k·mean_k / N,  V = Σ n_k·(var_k + (mean_k - M)^2) / N,
+//   new_rm = (1-momentum)·rm + momentum·M,
+//   new_rv = (1-momentum)·rv + momentum·V·N/(N-1),
+// PyTorch's update for the full batch (unbiased variance in the running
+// var). These nodes (`<new_rm>.mb<k>.var`, `<new_rm>.batch_mean`, ...;
+// phase fwd, the BN node's layer, no mb) follow the micro-batches; with one
+// micro-batch the copy's own outputs are used. Requires x at [S, C, ...]
+// with static C and spatial dims, constant training/momentum/eps, shared
+// rm/rv, and the new running stats read only after the micro-batches (by
+// update nodes, or returned); save_mean/save_rstd must stay inside them.
+// Example: microbatch(g, {.microbatches = 4, .batch_size = 32,
+//                         .batch_norm = BatchNormMode::Deferred}).
 #pragma once
 
 #include <cstdint>
@@ -66,6 +90,12 @@ enum class LossReduction : uint8_t {
   Auto,  ///< from the op that reduces over the batch (mean, sum, *_loss reduction=)
   Mean,  ///< w_k = b_k / B
   Sum,   ///< w_k = 1
+};
+
+/// What to do with training-mode batch norm (its batch statistics).
+enum class BatchNormMode : uint8_t {
+  Refuse,    ///< UnsupportedOpError: per-micro-batch statistics are not the batch's
+  Deferred,  ///< torchgpipe's DeferredBatchNorm: see the file comment
 };
 
 struct MicrobatchOptions {
@@ -96,6 +126,10 @@ struct MicrobatchOptions {
   /// run in; false: first to last (1F1B). A schedule needs the order its
   /// backwards run in, or the adds would wait on a later task.
   bool accumulate_in_reverse = false;
+  /// Training-mode batch norm: refused (default), or deferred (each
+  /// micro-batch normalised with its own statistics, running statistics
+  /// updated once from the whole batch's; see the file comment).
+  BatchNormMode batch_norm = BatchNormMode::Refuse;
 };
 
 /// The micro-batch sizes the split rule gives for batch b and m micro-batches
@@ -109,5 +143,8 @@ ir::Graph microbatch(const ir::Graph& g, const MicrobatchOptions& options);
 
 /// Parses "auto" | "mean" | "sum"; ConfigError otherwise.
 LossReduction parseLossReduction(std::string_view s);
+
+/// Parses "refuse" | "deferred"; ConfigError otherwise.
+BatchNormMode parseBatchNormMode(std::string_view s);
 
 }  // namespace modelpar::passes

@@ -27,7 +27,9 @@ inline constexpr std::string_view kWho = "modelpar microbatch";
 /// micro-batch, or once after them (update nodes and what reads them).
 enum class Where : uint8_t { Shared, PerMb, Post };
 /// How a value leaving the micro-batches is combined.
-enum class Combine : uint8_t { None, Cat, Loss, Accumulate };
+/// RunningStat: a deferred batch norm's new running mean / var, computed
+/// from the micro-batches' statistics after them.
+enum class Combine : uint8_t { None, Cat, Loss, Accumulate, RunningStat };
 
 /// Everything the rewrite needs, decided before it starts.
 struct Decision {
@@ -38,6 +40,7 @@ struct Decision {
   std::vector<char> per_mb_value;    // per value: produced per micro-batch
   std::vector<Combine> combine;      // per value
   std::vector<int> cat_dim;          // per value
+  std::vector<char> deferred_bn;     // per node: a batch norm with deferred running stats
   ValueId loss = ir::kNoId, seed = ir::kNoId;
   bool seed_is_root = false;         // an input or shared value, scaled per micro-batch
   bool mean = false;
@@ -79,6 +82,11 @@ class Microbatcher {
   bool isReducer(NodeId n) const;
   bool detectMean() const;
   bool reducerIsMean(NodeId n) const;
+  // 3b. Batch norms whose running statistics are deferred (batch_norm option).
+  void findDeferredBatchNorms();
+  bool isDeferredBn(NodeId n) const {
+    return n != ir::kNoId && d_.deferred_bn[static_cast<size_t>(n)] != 0;
+  }
   // 4. Values leaving the micro-batches: read by a node after them, or returned.
   void decideCombinations();
   // 5. Random ops, in-place ops on shared values, batch statistics, the loss path.

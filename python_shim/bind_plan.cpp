@@ -323,7 +323,7 @@ void bindPlan(py::module_& m) {
       [](const ir::Graph& g, int microbatches, std::optional<int64_t> batch_size,
          std::string batch_symbol, std::vector<std::pair<std::string, int>> batch_dims,
          std::string loss, std::string seed, const std::string& loss_reduction,
-         bool allow_random) {
+         bool allow_random, const std::string& batch_norm) {
         passes::MicrobatchOptions o;
         o.microbatches = microbatches;
         o.batch_size = batch_size;
@@ -333,11 +333,13 @@ void bindPlan(py::module_& m) {
         o.seed = std::move(seed);
         o.loss_reduction = passes::parseLossReduction(loss_reduction);
         o.allow_random = allow_random;
+        o.batch_norm = passes::parseBatchNormMode(batch_norm);
         return passes::microbatch(g, o);
       },
       py::arg("graph"), py::arg("microbatches"), py::arg("batch_size"), py::arg("batch_symbol"),
       py::arg("batch_dims"), py::arg("loss"), py::arg("seed"), py::arg("loss_reduction"),
-      py::arg("allow_random"), "passes::microbatch; see modelpar.microbatch.");
+      py::arg("allow_random"), py::arg("batch_norm") = "refuse",
+      "passes::microbatch; see modelpar.microbatch.");
   m.def(
       "checkpoint",
       [](const ir::Graph& g, const std::vector<int32_t>& stage_of_node, const std::string& mode) {

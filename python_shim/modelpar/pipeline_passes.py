@@ -49,7 +49,8 @@ def microbatch_sizes(batch: int, microbatches: int) -> list[int]:
 
 def microbatch(graph: Graph, microbatches: int, batch_size: int, *, batch_symbol: str = "",
                batch_dims: Mapping[str, int] | None = None, loss: str = "", seed: str = "",
-               loss_reduction: str = "auto", allow_random: bool = False) -> Graph:
+               loss_reduction: str = "auto", allow_random: bool = False,
+               batch_norm: str = "refuse") -> Graph:
     """Splits a training-step graph with a symbolic batch dimension into
     micro-batches (passes/microbatch.h): per micro-batch copies (``mb=k``)
     of every node that depends on the batch, inputs sliced with
@@ -70,16 +71,22 @@ def microbatch(graph: Graph, microbatches: int, batch_size: int, *, batch_symbol
             scalar tangent input).
         loss_reduction: "auto", "mean" or "sum".
         allow_random: accept random ops (dropout) drawing per micro-batch.
+        batch_norm: "refuse" (training-mode batch norm raises) or "deferred"
+            (torchgpipe's DeferredBatchNorm: each micro-batch is normalised
+            with its own statistics; the new running mean / var are computed
+            once from the whole batch's mean and unbiased variance, as the
+            full-batch step would).
 
     Raises:
         ConfigError: a bad option, or a static batch dimension.
         UnsupportedOpError: the split cannot equal the full batch (batch
-            norm statistics, random ops, a loss that is not a weighted sum, ...).
+            norm statistics without batch_norm="deferred", random ops, a loss
+            that is not a weighted sum, ...).
     """
     _require()
     return _C.microbatch(graph, int(microbatches), int(batch_size), batch_symbol,
                          list((batch_dims or {}).items()), loss, seed, loss_reduction,
-                         bool(allow_random))
+                         bool(allow_random), batch_norm)
 
 
 class CheckpointResult(NamedTuple):

@@ -247,7 +247,26 @@ graph @two(%x: f32[B, 4] input, %y: f32[N, 4] input) {
   EXPECT_NO_THROW(microbatch(ir::parseGraph(text), o));
 }
 
-TEST(Microbatch, RejectsBatchNormStatisticsNamingDeferredBatchNorm) {
+// A training step through a functional batch norm (AOTAutograd's form) with
+// a sum loss; the backward receives the new running stats but ignores them.
+constexpr const char* kBnStep = R"(
+graph @bn(%x: f32[B, 3, 2, 2] input, %t: f32[B, 3, 2, 2] input, %w: f32[3] param, %b: f32[3] param, %rm: f32[3] buffer, %rv: f32[3] buffer) {
+  %y: f32[B, 3, 2, 2], %mean: f32[3], %rstd: f32[3], %rm2: f32[3], %rv2: f32[3] = aten::_native_batch_norm_legit_functional(%x, %w, %b, %rm, %rv, true, 0.1, 1e-05) {layer="bn", phase=fwd}
+  %p: f32[B, 3, 2, 2] = aten::mul.Tensor(%y, %t) {layer="loss", phase=fwd}
+  %loss: f32[] = aten::sum(%p) {layer="loss", phase=fwd}
+  %g: f32[] = aten::ones_like(%loss) {layer="loss", phase=bwd}
+  %dy: f32[B, 3, 2, 2] = aten::mul.Tensor(%t, %g) {layer="loss", phase=bwd}
+  %dx: f32[B, 3, 2, 2], %dw: f32[3], %db: f32[3] = aten::native_batch_norm_backward(%dy, %x, %w, %rm2, %rv2, %mean, %rstd, true, 1e-05, [true, true, true]) {layer="bn", phase=bwd}
+  return %loss, %y, %rm2, %rv2, %dw, %db
+})";
+
+MicrobatchOptions deferred(int m, int64_t b) {
+  MicrobatchOptions o = opts(m, b);
+  o.batch_norm = BatchNormMode::Deferred;
+  return o;
+}
+
+TEST(Microbatch, RejectsBatchNormStatisticsNamingTheDeferredOption) {
   const char* text = R"(
 graph @bn(%x: f32[B, 3] input, %w: f32[3] param, %b: f32[3] param, %rm: f32[3] buffer, %rv: f32[3] buffer) {
   %y: f32[B, 3], %mean: f32[3], %rstd: f32[3], %rm2: f32[3], %rv2: f32[3] = aten::_native_batch_norm_legit_functional(%x, %w, %b, %rm, %rv, true, 0.1, 1e-05) {layer="bn", phase=fwd}
@@ -257,13 +276,114 @@ graph @bn(%x: f32[B, 3] input, %w: f32[3] param, %b: f32[3] param, %rm: f32[3] b
   // Returned running statistics leave the micro-batches...
   std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), opts(2, 4)); });
   EXPECT_HAS(msg, "%rm2 = aten::_native_batch_norm_legit_functional has no batch dimension");
-  EXPECT_HAS(msg, "deferred batch norm is not supported yet");
+  EXPECT_HAS(msg, "set the batch_norm option to deferred");
   // ... and the batch statistics differ per micro-batch even when not returned.
   std::string internal = text;
   internal.replace(internal.find("return %loss, %rm2, %rv2"), 24, "return %loss");
   msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(internal), opts(2, 4)); });
   EXPECT_HAS(msg, "%mean = aten::_native_batch_norm_legit_functional reduces over the batch");
-  EXPECT_HAS(msg, "deferred batch norm is not supported yet");
+  EXPECT_HAS(msg, "BatchNormMode::Deferred");
+  // Deferred: accepted, both ways.
+  EXPECT_NO_THROW(ir::verify(microbatch(ir::parseGraph(text), deferred(2, 4))));
+  EXPECT_NO_THROW(ir::verify(microbatch(ir::parseGraph(internal), deferred(2, 4))));
+}
+
+TEST(Microbatch, DeferredBatchNormCombinesRunningStatsFromTheWholeBatch) {
+  ir::Graph out = microbatch(ir::parseGraph(kBnStep), deferred(2, 5));  // sizes 3, 2
+  ir::verify(out);
+  EXPECT_EQ(ir::parseGraph(ir::print(out)), out);
+  // Per micro-batch: the batch norm and its backward, own statistics.
+  EXPECT_EQ(typeOf(out, "y.mb0"), "f32[3, 3, 2, 2]");
+  EXPECT_EQ(typeOf(out, "y.mb1"), "f32[2, 3, 2, 2]");
+  EXPECT_HAS(nodeText(out, "dx.mb1"), "aten::native_batch_norm_backward(%dy.mb1, %x.mb1, %w, %rm2.mb1, %rv2.mb1, %mean.mb1, %rstd.mb1");
+  // n_k = b_k * 4 elements per channel, N = 20: weights 12/20 and 8/20.
+  EXPECT_HAS(nodeText(out, "rm2.batch_mean.acc0"), "aten::mul.Scalar(%mean.mb0, 0.6)");
+  EXPECT_HAS(nodeText(out, "rm2.batch_mean"), "aten::add.Tensor(%rm2.batch_mean.acc0, %mean.mb1, alpha=0.4)");
+  EXPECT_HAS(nodeText(out, "rm2.mb1.rstd_m2"), "aten::pow.Tensor_Scalar(%rstd.mb1, -2)");
+  EXPECT_HAS(nodeText(out, "rm2.mb1.var"), "aten::sub.Scalar(%rm2.mb1.rstd_m2, 1e-05)");
+  EXPECT_HAS(nodeText(out, "rm2.mb1.dev"), "aten::sub.Tensor(%mean.mb1, %rm2.batch_mean)");
+  EXPECT_HAS(nodeText(out, "rm2.batch_var"), "aten::add.Tensor(%rm2.batch_var.acc0, %rm2.mb1.spread, alpha=0.4)");
+  EXPECT_HAS(nodeText(out, "rm2"), "aten::add.Tensor(%rm2.kept, %rm2.batch_mean, alpha=0.1)");
+  EXPECT_HAS(nodeText(out, "rm2.kept"), "aten::mul.Scalar(%rm, 0.9)");
+  EXPECT_HAS(nodeText(out, "rv2"), "aten::add.Tensor(%rv2.kept, %rm2.batch_var_unbiased, alpha=0.1)");
+  const ir::Node& unbiased = out.node(out.value(*out.findValue("rm2.batch_var_unbiased")).producer);
+  EXPECT_DOUBLE_EQ(unbiased.args[1].toDouble(), 20.0 / 19.0);
+  // After the micro-batches, in the batch norm's layer, forward, no mb.
+  const ir::Node& rm2 = out.node(out.value(*out.findValue("rm2")).producer);
+  EXPECT_EQ(rm2.layer, "bn");
+  EXPECT_EQ(rm2.phase, ir::Phase::Forward);
+  EXPECT_FALSE(rm2.microbatch.has_value());
+  // Outputs: the combined running stats; gradients accumulated.
+  EXPECT_EQ(out.value(out.outputs()[2]).name, "rm2");
+  EXPECT_EQ(out.value(out.outputs()[3]).name, "rv2");
+  EXPECT_HAS(nodeText(out, "dw"), "aten::add.Tensor(%dw.mb0, %dw.mb1)");
+}
+
+TEST(Microbatch, DeferredBatchNormWithOneMicrobatchUsesTheCopysOwnUpdate) {
+  ir::Graph out = microbatch(ir::parseGraph(kBnStep), deferred(1, 4));
+  ir::verify(out);
+  EXPECT_EQ(out.value(out.outputs()[2]).name, "rm2.mb0");
+  EXPECT_EQ(out.value(out.outputs()[3]).name, "rv2.mb0");
+  EXPECT_FALSE(out.findValue("rm2.batch_mean").has_value());
+}
+
+TEST(Microbatch, DeferredBatchNormRefusesWhatItCannotCombine) {
+  auto edit = [](std::string from, std::string to) {
+    std::string t = kBnStep;
+    size_t at = t.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    return ir::parseGraph(t.replace(at, from.size(), to));
+  };
+  // The per-micro-batch statistics cannot leave the micro-batches.
+  std::string msg = messageOf<UnsupportedOpError>([&] {
+    microbatch(edit("return %loss, %y,", "return %loss, %mean, %y,"), deferred(2, 4));
+  });
+  EXPECT_HAS(msg, "%mean = aten::_native_batch_norm_legit_functional has no batch dimension");
+  EXPECT_HAS(msg, "save_mean / save_rstd must stay inside the micro-batches");
+  // A new running stat read inside the micro-batches is not known there.
+  msg = messageOf<UnsupportedOpError>([&] {
+    microbatch(edit("aten::mul.Tensor(%y, %t)", "aten::add.Tensor(%y, %rm2)"), deferred(2, 4));
+  });
+  EXPECT_HAS(msg, "%rm2 (the new running mean of %y = aten::_native_batch_norm_legit_functional) is read by %p = aten::add.Tensor inside the micro-batches");
+  // Running stats must be shared buffers.
+  msg = messageOf<UnsupportedOpError>([&] {
+    microbatch(edit("%w, %b, %rm, %rv, true", "%w, %b, None, %rv, true"), deferred(2, 4));
+  });
+  EXPECT_HAS(msg, "the running mean to be one tensor shared by all micro-batches");
+  // Batch first: a channel-first input cannot be split per channel.
+  MicrobatchOptions channel_first = deferred(2, 4);
+  channel_first.batch_dims = {{"x", 1}};
+  msg = messageOf<UnsupportedOpError>([&] {
+    microbatch(ir::parseGraph(R"(
+graph @cf(%x: f32[3, B] input, %w: f32[3] param, %b: f32[3] param, %rm: f32[3] buffer, %rv: f32[3] buffer) {
+  %y: f32[3, B], %mean: f32[3], %rstd: f32[3], %rm2: f32[3], %rv2: f32[3] = aten::_native_batch_norm_legit_functional(%x, %w, %b, %rm, %rv, true, 0.1, 1e-05) {layer="bn", phase=fwd}
+  %loss: f32[] = aten::sum(%y) {layer="loss", phase=fwd}
+  return %loss, %rm2
+})"), channel_first);
+  });
+  EXPECT_HAS(msg, "needs its input at [B, C, ...]");
+  EXPECT_HAS(msg, "got f32[3, B]");
+  // Symbolic spatial dimensions (torch.compile's dynamic=True) leave the
+  // element count per channel unknown.
+  msg = messageOf<UnsupportedOpError>([&] {
+    microbatch(edit("%x: f32[B, 3, 2, 2] input", "%x: f32[B, 3, H, 2] input"), deferred(2, 4));
+  });
+  EXPECT_HAS(msg, "mark_dynamic(x, 0)");
+  EXPECT_HAS(msg, "got f32[B, 3, H, 2]");
+  // The in-place form updates the buffers per micro-batch.
+  msg = messageOf<UnsupportedOpError>([] {
+    microbatch(ir::parseGraph(R"(
+graph @nbn(%x: f32[B, 3] input, %w: f32[3] param, %b: f32[3] param, %rm: f32[3] buffer, %rv: f32[3] buffer) {
+  %y: f32[B, 3], %mean: f32[3], %rstd: f32[3] = aten::native_batch_norm(%x, %w, %b, %rm, %rv, true, 0.1, 1e-05) {layer="bn", phase=fwd}
+  %loss: f32[] = aten::sum(%y) {layer="loss", phase=fwd}
+  return %loss
+})"), deferred(2, 4));
+  });
+  EXPECT_HAS(msg, "%y = aten::native_batch_norm updates the running statistics in place");
+  EXPECT_HAS(msg, "aten::_native_batch_norm_legit_functional");
+  EXPECT_HAS(messageOf<ConfigError>([] { parseBatchNormMode("defer"); }),
+             "batch_norm 'defer' is not one of refuse, deferred");
+  EXPECT_EQ(parseBatchNormMode("deferred"), BatchNormMode::Deferred);
 }
 
 TEST(Microbatch, RejectsRandomOpsUnlessAllowed) {

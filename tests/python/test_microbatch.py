@@ -91,6 +91,23 @@ graph @drop(%x: f32[B, 8] input, %w1: f32[8, 16] param, %w2: f32[16, 2] param) {
 }
 """
 
+# A training-mode batch norm step in the node forms torch.compile's modelpar
+# backend imports (the functional batch norm, its backward reading the new
+# running stats it ignores), with a sum loss against a target t.
+BN_STEP = """
+graph @bn(%x: f32[B, 3, 4, 4] input, %t: f32[B, 3, 4, 4] input, %w: f32[3] param,
+          %b: f32[3] param, %rm: f32[3] buffer, %rv: f32[3] buffer) {
+  %y: f32[B, 3, 4, 4], %mean: f32[3], %rstd: f32[3], %rm2: f32[3], %rv2: f32[3] = aten::_native_batch_norm_legit_functional(%x, %w, %b, %rm, %rv, true, 0.1, 1e-05) {layer="bn", phase=fwd}
+  %p: f32[B, 3, 4, 4] = aten::mul.Tensor(%y, %t) {layer="loss", phase=fwd}
+  %loss: f32[] = aten::sum(%p) {layer="loss", phase=fwd}
+  %g: f32[] = aten::ones_like(%loss) {layer="loss", phase=bwd}
+  %dy: f32[B, 3, 4, 4] = aten::mul.Tensor(%t, %g) {layer="loss", phase=bwd}
+  %dx: f32[B, 3, 4, 4], %dw: f32[3], %db: f32[3] = aten::native_batch_norm_backward(%dy, %x, %w, %rm2, %rv2, %mean, %rstd, true, 1e-05, [true, true, true]) {layer="bn", phase=bwd}
+  %w_new: f32[3] = aten::sub.Tensor(%w, %dw, alpha=0.1) {layer="bn", phase=update}
+  return %loss, %y, %rm2, %rv2, %dw, %db, %w_new
+}
+"""
+
 
 @pytest.fixture(autouse=True)
 def _seed() -> None:
@@ -228,3 +245,61 @@ def test_comparison_sees_a_wrong_loss_weight() -> None:
     torch.testing.assert_close(got[0], 2 * full[0], **TOL)
     w1 = inputs[2]
     torch.testing.assert_close(got[1] - w1, 2 * (full[1] - w1), rtol=1e-5, atol=1e-6)
+
+
+# ---- deferred batch norm --------------------------------------------------------
+
+
+def bn_inputs(batch: int) -> list:
+    return [torch.randn(batch, 3, 4, 4) * 2 + 1, torch.randn(batch, 3, 4, 4), torch.randn(3),
+            torch.randn(3), torch.randn(3), torch.rand(3) + 0.5]
+
+
+@pytest.mark.parametrize("m", [2, 4])
+@pytest.mark.parametrize("batch", [8, 10])
+def test_deferred_batch_norm_updates_running_stats_like_the_full_batch(batch: int, m: int) -> None:
+    graph = modelpar.parse_graph(BN_STEP)
+    x, t, w, b, rm, rv = inputs = bn_inputs(batch)
+    split = modelpar.microbatch(graph, microbatches=m, batch_size=batch, batch_norm="deferred")
+    split.verify()
+    loss, y, rm2, rv2, dw, db, w_new = modelpar.run_graph(split, inputs)
+    # Running stats: eager PyTorch's update for the whole batch.
+    rm_eager, rv_eager = rm.clone(), rv.clone()
+    torch.nn.functional.batch_norm(x, rm_eager, rv_eager, w, b, training=True, momentum=0.1,
+                                   eps=1e-5)
+    torch.testing.assert_close(rm2, rm_eager, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(rv2, rv_eager, rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(rv2, rv)  # the update did something
+    # Each micro-batch is normalised with its own statistics (torchgpipe's
+    # DeferredBatchNorm); gradients are the sums of the micro-batches'.
+    chunks = list(zip(x.chunk(m), t.chunk(m)))
+    ys, grads = [], []
+    for xk, tk in chunks:
+        wr, br = w.clone().requires_grad_(), b.clone().requires_grad_()
+        yk = torch.nn.functional.batch_norm(xk, None, None, wr, br, training=True, eps=1e-5)
+        (yk * tk).sum().backward()
+        ys.append(yk.detach())
+        grads.append((wr.grad, br.grad))
+    torch.testing.assert_close(y, torch.cat(ys), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(dw, sum(g[0] for g in grads), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(db, sum(g[1] for g in grads), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w_new, w - 0.1 * dw, **TOL)
+    # The per-micro-batch statistics differ from the batch's: y is not the
+    # full batch's (so the comparison above is not vacuous).
+    full = modelpar.run_graph(graph, inputs)
+    assert not torch.allclose(y, full[1], atol=1e-3)
+
+
+def test_deferred_batch_norm_with_one_microbatch_equals_the_unsplit_step() -> None:
+    graph = modelpar.parse_graph(BN_STEP)
+    inputs = bn_inputs(6)
+    split = modelpar.microbatch(graph, microbatches=1, batch_size=6, batch_norm="deferred")
+    assert_same(modelpar.run_graph(split, inputs), modelpar.run_graph(graph, inputs))
+
+
+def test_batch_norm_is_refused_unless_deferred() -> None:
+    graph = modelpar.parse_graph(BN_STEP)
+    with pytest.raises(modelpar.UnsupportedOpError, match="batch_norm option to deferred"):
+        modelpar.microbatch(graph, microbatches=2, batch_size=8)
+    with pytest.raises(modelpar.ConfigError, match="not one of refuse, deferred"):
+        modelpar.microbatch(graph, microbatches=2, batch_size=8, batch_norm="lazy")
