@@ -498,7 +498,7 @@ void bindPlan(py::module_& m) {
       [](const ir::Graph& g, int devices, int microbatches, int64_t batch_size,
          std::string schedule, std::string partition, std::string checkpoint, bool portals,
          std::vector<int64_t> memory, std::optional<std::string> machine,
-         std::string loss_reduction, bool allow_random) {
+         std::string loss_reduction, bool allow_random, const std::string& batch_norm) {
         passes::PipelinePlanOptions o;
         o.devices = devices;
         o.microbatches = microbatches;
@@ -510,6 +510,7 @@ void bindPlan(py::module_& m) {
         o.memory_bytes = std::move(memory);
         o.microbatch.loss_reduction = passes::parseLossReduction(loss_reduction);
         o.microbatch.allow_random = allow_random;
+        o.microbatch.batch_norm = passes::parseBatchNormMode(batch_norm);
         o.record_timeline = true;  // write_trace works on every plan
         py::gil_scoped_release no_gil;
         if (machine) o.machine = passes::DeviceModel::load(*machine);
@@ -518,7 +519,7 @@ void bindPlan(py::module_& m) {
       py::arg("graph"), py::arg("devices"), py::arg("microbatches"), py::arg("batch_size"),
       py::arg("schedule"), py::arg("partition"), py::arg("checkpoint"), py::arg("portals"),
       py::arg("memory"), py::arg("machine"), py::arg("loss_reduction"), py::arg("allow_random"),
-      "passes::planPipeline; see modelpar.plan_pipeline.");
+      py::arg("batch_norm") = "refuse", "passes::planPipeline; see modelpar.plan_pipeline.");
   m.def("microbatch_sizes", &passes::microbatchSizes, py::arg("batch"), py::arg("microbatches"));
   m.def("plan_placers", [] {
     return std::vector<std::string>(std::begin(passes::kPlacerNames), std::end(passes::kPlacerNames));

@@ -147,7 +147,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                   schedule: str = "gpipe", partition: str = "balance-time",
                   checkpoint: str = "except_last", portals: bool = True,
                   memory=None, machine: str | None = None, loss_reduction: str = "auto",
-                  allow_random: bool = False, trace: str | None = None):
+                  allow_random: bool = False, batch_norm: str = "refuse",
+                  trace: str | None = None):
     """Plans a training step pipeline-parallel (passes/pipeline_plan.h):
     the step is split into ``microbatches`` micro-batches, its layers are
     cut into stages by ``partition`` (torchgpipe's balance by time or size,
@@ -173,6 +174,10 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         machine: a machine profile JSON path (``modelpar.calibrated_machine``).
         loss_reduction: ``"auto"``, ``"mean"`` or ``"sum"``.
         allow_random: accept random ops (per-micro-batch masks).
+        batch_norm: ``"refuse"`` (training-mode batch norm is an error) or
+            ``"deferred"`` (torchgpipe's DeferredBatchNorm: each micro-batch is
+            normalised with its own statistics, the running statistics are
+            updated once from the whole mini-batch; see ``microbatch``).
         trace: write the Chrome trace of the simulated step there.
 
     Raises:
@@ -193,7 +198,7 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                               f"an int >= 1")
     p = _C.plan_pipeline(graph, devices, microbatches, batch_size, schedule, partition,
                          checkpoint, bool(portals), _memory_list(memory), machine,
-                         loss_reduction, bool(allow_random))
+                         loss_reduction, bool(allow_random), batch_norm)
     if trace is not None:
         p.write_trace(str(trace))
     return p

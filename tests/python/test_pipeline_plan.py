@@ -109,3 +109,23 @@ def test_errors_name_the_problem() -> None:
         modelpar.plan_pipeline(STEP, devices=2, microbatches=2, batch_size=8, memory=4096)
     with pytest.raises(modelpar.ConfigError, match="devices=0 is not valid"):
         modelpar.plan_pipeline(STEP, devices=0, microbatches=2, batch_size=8)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_deferred_batch_norm_pipeline_updates_running_stats_from_the_whole_batch(
+        schedule: str) -> None:
+    from test_microbatch import BN_STEP, bn_inputs
+    step = modelpar.parse_graph(BN_STEP)
+    with pytest.raises(modelpar.UnsupportedOpError, match="batch_norm"):
+        modelpar.plan_pipeline(step, devices=2, microbatches=2, batch_size=8)
+    plan = modelpar.plan_pipeline(step, devices=2, microbatches=4, batch_size=8,
+                                  schedule=schedule, batch_norm="deferred")
+    torch.manual_seed(3)
+    xs = bn_inputs(8)
+    got = modelpar.Executor(plan.program, devices="cpu-workers", threads_per_device=1).run(xs)
+    split = modelpar.microbatch(step, microbatches=4, batch_size=8, batch_norm="deferred")
+    assert_same(got, modelpar.run_graph(split, xs))
+    rm, rv = xs[4].clone(), xs[5].clone()
+    torch.nn.functional.batch_norm(xs[0], rm, rv, xs[2], xs[3], training=True, momentum=0.1)
+    torch.testing.assert_close(got[2], rm, rtol=1e-5, atol=1e-6)  # %rm2
+    torch.testing.assert_close(got[3], rv, rtol=1e-5, atol=1e-6)  # %rv2
