@@ -46,24 +46,31 @@ bool isForward(const ir::Node& n) { return !n.phase || *n.phase == ir::Phase::Fo
 
 ir::Graph withInheritedLayers(const ir::Graph& input) {
   ir::Graph g = input;
+  // Chain order of the named layers: their first forward node.
+  std::unordered_map<std::string, int> order;
   std::string first;
   for (const ir::Node& n : g.nodes()) {
-    if (!n.layer.empty() && isForward(n)) {
-      first = n.layer;
-      break;
-    }
+    if (n.layer.empty() || !isForward(n) || order.count(n.layer)) continue;
+    if (first.empty()) first = n.layer;
+    order.emplace(n.layer, static_cast<int>(order.size()));
   }
+  // A node without a layer takes the latest (in chain order) layer among the
+  // nodes it reads, which keeps the chain topological; else the first.
   for (size_t i = 0; i < g.numNodes(); ++i) {
     ir::Node& n = g.node(static_cast<ir::NodeId>(i));
     if (!n.layer.empty() || (n.phase && *n.phase == ir::Phase::Update)) continue;
-    ir::NodeId latest = ir::kNoId;
+    std::string best;
+    int best_index = -1;
     for (ir::ValueId v : n.inputs()) {
       ir::NodeId p = g.value(v).producer;
-      if (p != ir::kNoId && !g.node(p).layer.empty() && (latest == ir::kNoId || p > latest)) {
-        latest = p;
+      if (p == ir::kNoId) continue;
+      auto it = order.find(g.node(p).layer);
+      if (it != order.end() && it->second > best_index) {
+        best_index = it->second;
+        best = it->first;
       }
     }
-    n.layer = latest != ir::kNoId ? g.node(latest).layer : first;
+    n.layer = best_index >= 0 ? best : first;
   }
   return g;
 }

@@ -75,8 +75,8 @@ struct LayerChain {
 struct ChainOptions {
   double weight_copies = 3.0;
   /// Give a node without a layer (a functional op such as F.relu in a
-  /// torch.compile graph) the layer of the latest node it reads that has one,
-  /// else the first layer; false: such a node is a ConfigError.
+  /// torch.compile graph) the latest layer, in chain order, among the nodes
+  /// it reads, else the first layer; false: such a node is a ConfigError.
   bool inherit_layers = false;
 };
 

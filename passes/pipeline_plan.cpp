@@ -207,6 +207,7 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   plan.chain = timer.run("chain", [&] {
     ChainOptions co;
     co.weight_copies = o.weight_copies;
+    co.inherit_layers = true;  // functional ops (F.relu) carry no module name
     return chainFromGraph(unit, co);
   });
   timer.last().detail = fmt::format("{} layers", plan.chain.size());
