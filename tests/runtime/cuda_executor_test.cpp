@@ -134,31 +134,28 @@ TEST(CudaExecutor, MlpPipelineOnOneGpuHostingTwoLogicalDevices) {
   EXPECT_FALSE(ex.lastTrace().empty());
 }
 
-TEST(CudaExecutor, CpuInputsAreMovedToTheirLogicalDevice) {
-  SKIP_WITHOUT_GPU();
+// The 2-device MLP pipeline on `map` from CPU inputs equals the interpreter.
+void expectMlpPipelineMatchesInterpreter(const DeviceMap& map) {
   ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
   std::vector<c10::IValue> in = {at::randn({8, 16}), at::randn({8, 4}), at::randn({16, 32}),
                                  at::randn({32, 4})};
   std::vector<c10::IValue> want = ProgramInterpreter(p).run(in);
-  Executor ex(p, DeviceMap::parse("cuda:0", 2));
+  Executor ex(p, map);
   std::vector<c10::IValue> out = ex.run(in);
   for (size_t i = 0; i < out.size(); ++i) {
     EXPECT_TRUE(at::allclose(out[i].toTensor().cpu(), want[i].toTensor(), 1e-4, 1e-5)) << i;
   }
 }
 
+TEST(CudaExecutor, CpuInputsAreMovedToTheirLogicalDevice) {
+  SKIP_WITHOUT_GPU();
+  expectMlpPipelineMatchesInterpreter(DeviceMap::parse("cuda:0", 2));
+}
+
 TEST(CudaExecutor, TwoGpus) {
   SKIP_WITHOUT_GPU();
   if (cudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs";
-  ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
-  std::vector<c10::IValue> in = {at::randn({8, 16}), at::randn({8, 4}), at::randn({16, 32}),
-                                 at::randn({32, 4})};
-  std::vector<c10::IValue> want = ProgramInterpreter(p).run(in);
-  Executor ex(p, DeviceMap::parse("cuda", 2));
-  std::vector<c10::IValue> out = ex.run(in);
-  for (size_t i = 0; i < out.size(); ++i) {
-    EXPECT_TRUE(at::allclose(out[i].toTensor().cpu(), want[i].toTensor(), 1e-4, 1e-5)) << i;
-  }
+  expectMlpPipelineMatchesInterpreter(DeviceMap::parse("cuda", 2));
 }
 
 TEST(CudaExecutor, FailingOpIsReportedWithDeviceAndInstruction) {
