@@ -8,6 +8,15 @@
 namespace modelpar::passes {
 namespace {
 
+// `s0`, or `s0_<k>`: the names fx_import gives the size inputs of symbol s0.
+bool namesSymbol(const std::string& name, const std::string& symbol) {
+  if (name.compare(0, symbol.size(), symbol) != 0) return false;
+  if (name.size() == symbol.size()) return true;
+  if (name.size() < symbol.size() + 2 || name[symbol.size()] != '_') return false;
+  return std::all_of(name.begin() + static_cast<std::ptrdiff_t>(symbol.size()) + 1, name.end(),
+                     [](char c) { return c >= '0' && c <= '9'; });
+}
+
 constexpr std::string_view kWho = "modelpar microbatch";
 // Operator letters of torch.compile's dimension names (fx_import.py `_dim`):
 // '*' -> x, '+' -> p, '-' -> m, '/' -> d.
@@ -168,7 +177,9 @@ BatchSymbol findBatchSymbol(const ir::Graph& g, const std::string& symbol,
                kWho, g.name(), v.name, ir::toString(v.type), *forced[i], b.symbol);
       continue;
     }
-    if (v.type.kind == ir::Type::Kind::Int && v.name == b.symbol) b.size_input = in.value;
+    if (v.type.kind == ir::Type::Kind::Int && namesSymbol(v.name, b.symbol)) {
+      b.size_inputs.push_back(in.value);
+    }
     if (!v.type.isTensor()) continue;
     for (size_t d = 0; d < v.type.shape.size(); ++d) {
       if (v.type.shape[d].symbol == b.symbol) {
@@ -181,6 +192,10 @@ BatchSymbol findBatchSymbol(const ir::Graph& g, const std::string& symbol,
            ConfigError, "{}: graph @{}: no input has the batch symbol {} (inputs: {})", kWho,
            g.name(), b.symbol, describeInputs(g));
   return b;
+}
+
+bool BatchSymbol::isSizeInput(ir::ValueId v) const {
+  return std::find(size_inputs.begin(), size_inputs.end(), v) != size_inputs.end();
 }
 
 }  // namespace modelpar::passes

@@ -17,7 +17,10 @@ namespace modelpar::passes {
 struct BatchSymbol {
   std::string symbol;           ///< e.g. "B" or torch.compile's "s0"
   std::vector<int> input_dim;   ///< per Graph::inputs() index: batch dim, -1 if not batched
-  ir::ValueId size_input = ir::kNoId;  ///< the `int` input named after the symbol, if any
+  /// The `int` inputs that carry the symbol's value: named after it (`s0`),
+  /// or `s0_<k>` (torch.compile passes a size once per input that has it).
+  std::vector<ir::ValueId> size_inputs;
+  bool isSizeInput(ir::ValueId v) const;
 };
 
 /// Finds the batch symbol: `symbol` if given, else the symbol the `input`

@@ -44,12 +44,14 @@ bool isForward(const ir::Node& n) { return !n.phase || *n.phase == ir::Phase::Fo
 
 }  // namespace
 
-ir::Graph withInheritedLayers(const ir::Graph& input) {
+ir::Graph withInheritedLayers(const ir::Graph& input, const std::vector<std::string>& layer_order) {
   ir::Graph g = input;
-  // Chain order of the named layers: their first forward node.
+  // Chain order of the named layers: given, else their first forward node.
   std::unordered_map<std::string, int> order;
-  std::string first;
+  std::string first = layer_order.empty() ? std::string() : layer_order.front();
+  for (const std::string& l : layer_order) order.emplace(l, static_cast<int>(order.size()));
   for (const ir::Node& n : g.nodes()) {
+    if (!layer_order.empty()) break;
     if (n.layer.empty() || !isForward(n) || order.count(n.layer)) continue;
     if (first.empty()) first = n.layer;
     order.emplace(n.layer, static_cast<int>(order.size()));
@@ -79,13 +81,18 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
   if (options.inherit_layers) {
     ChainOptions strict = options;
     strict.inherit_layers = false;
-    return chainFromGraph(withInheritedLayers(input), strict);
+    return chainFromGraph(withInheritedLayers(input, options.layer_order), strict);
   }
   const ir::Graph& g = input;
   // 1. Layers in order of their first forward node; check layers and costs.
   std::unordered_map<std::string, int> index;
   LayerChain chain;
   chain.weight_copies = options.weight_copies;
+  for (const std::string& l : options.layer_order) {
+    MP_CHECK(index.emplace(l, chain.size()).second, ConfigError,
+             "modelpar partition: layer '{}' is listed twice in layer_order", l);
+    chain.layers.push_back(ChainLayer{l});
+  }
   for (size_t i = 0; i < g.numNodes(); ++i) {
     const ir::Node& n = g.node(static_cast<ir::NodeId>(i));
     if (n.phase && *n.phase == ir::Phase::Update) continue;
@@ -95,6 +102,9 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
              g.nodeRef(static_cast<ir::NodeId>(i)), n.qualifiedName(), g.name());
     MP_CHECK(n.cost.has_value(), ConfigError,
              "modelpar partition: node {} (layer '{}') has no cost; run the cost pass first",
+             g.nodeRef(static_cast<ir::NodeId>(i)), n.layer);
+    MP_CHECK(options.layer_order.empty() || index.count(n.layer), ConfigError,
+             "modelpar partition: node {} has layer '{}', which layer_order does not list",
              g.nodeRef(static_cast<ir::NodeId>(i)), n.layer);
     if (isForward(n) && !index.count(n.layer)) {
       index.emplace(n.layer, chain.size());

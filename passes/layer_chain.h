@@ -16,8 +16,10 @@
 //                    every cut it spans (the gradient back has the same size)
 //
 // chainFromGraph builds one from an ir::Graph carrying layers and costs:
-//   * layers: distinct `layer` attributes, ordered by the first forward node
-//     of each in graph order (nodes without a phase count as forward);
+//   * layers: distinct `layer` attributes, ordered by ChainOptions::layer_order
+//     (orderLayers, layer_order.h, makes one from captured module names), else
+//     by the first forward node of each in graph order (nodes without a phase
+//     count as forward);
 //   * fwd_us: forward node times; bwd_us: backward and recompute node times;
 //     update nodes are not counted (they run once per step, outside the
 //     steady-state period the partitioners balance);
@@ -78,10 +80,15 @@ struct ChainOptions {
   /// torch.compile graph) the latest layer, in chain order, among the nodes
   /// it reads, else the first layer; false: such a node is a ConfigError.
   bool inherit_layers = false;
+  /// The layers in chain order (orderLayers' `layers`); empty: the order of
+  /// each layer's first forward node in the graph. Every layer of the graph
+  /// must be listed (ConfigError naming the missing one otherwise).
+  std::vector<std::string> layer_order;
 };
 
-/// g with every non-update node's empty layer filled as inherit_layers says.
-ir::Graph withInheritedLayers(const ir::Graph& g);
+/// g with every non-update node's empty layer filled as inherit_layers says
+/// (chain order: `layer_order`, or first appearance when empty).
+ir::Graph withInheritedLayers(const ir::Graph& g, const std::vector<std::string>& layer_order = {});
 
 /// Builds the chain of g's layers (see the file comment).
 LayerChain chainFromGraph(const ir::Graph& g, const ChainOptions& options = {});

@@ -82,7 +82,7 @@ void Microbatcher::classify(ValueId seed_root) {
   for (size_t i = 0; i < g_.inputs().size(); ++i) {
     if (d_.batch.input_dim[i] >= 0) root[static_cast<size_t>(g_.inputs()[i].value)] = 1;
   }
-  if (d_.batch.size_input != ir::kNoId) root[static_cast<size_t>(d_.batch.size_input)] = 1;
+  for (ValueId v : d_.batch.size_inputs) root[static_cast<size_t>(v)] = 1;
   if (seed_root != ir::kNoId) root[static_cast<size_t>(seed_root)] = 1;
   for (size_t n = 0; n < g_.numNodes(); ++n) {
     const ir::Node& nd = g_.nodes()[n];
@@ -163,6 +163,7 @@ void Microbatcher::findDeferredBatchNorms() {
              "micro-batches; under torch.compile mark only the batch dynamic, "
              "torch._dynamo.mark_dynamic(x, 0), instead of dynamic=True), got {}",
              kWho, g_.name(), ref(id), d_.batch.symbol, ir::toString(xt));
+    deferReaders(id);
     for (size_t i = 3; i < 5; ++i) {
       for (NodeId u : users_[static_cast<size_t>(nd.outputs[i])]) {
         // A training-mode backward receives the running stats but does not
@@ -180,6 +181,34 @@ void Microbatcher::findDeferredBatchNorms() {
       }
     }
     d_.deferred_bn[n] = 1;
+  }
+}
+
+void Microbatcher::deferReaders(NodeId bn) {
+  const ir::Node& b = g_.node(bn);
+  std::vector<char> stat(g_.numValues(), 0);
+  stat[static_cast<size_t>(b.outputs[3])] = stat[static_cast<size_t>(b.outputs[4])] = 1;
+  std::vector<NodeId> work;
+  for (size_t i = 3; i < 5; ++i) {
+    for (NodeId u : users_[static_cast<size_t>(b.outputs[i])]) work.push_back(u);
+  }
+  std::sort(work.begin(), work.end());
+  work.erase(std::unique(work.begin(), work.end()), work.end());
+  for (size_t k = 0; k < work.size(); ++k) {  // graph order: readers come after
+    NodeId u = work[k];
+    auto ui = static_cast<size_t>(u);
+    if (d_.where[ui] != Where::PerMb) continue;
+    const ir::Node& un = g_.node(u);
+    if (un.qualifiedName() == "aten::native_batch_norm_backward") continue;
+    bool other_batched = false;
+    for (ValueId v : un.inputs()) other_batched |= producedPerMb(v) && !stat[static_cast<size_t>(v)];
+    if (other_batched) continue;  // the check after this reports it
+    d_.where[ui] = Where::Post;
+    for (ValueId o : un.outputs) {
+      d_.per_mb_value[static_cast<size_t>(o)] = 0;
+      stat[static_cast<size_t>(o)] = 1;
+      for (NodeId w : users_[static_cast<size_t>(o)]) work.push_back(w);
+    }
   }
 }
 
@@ -314,7 +343,7 @@ ir::Graph Microbatcher::build() {
     out.node(n).microbatch = mb;
   };
   auto sharedLookup = [&](ValueId v) -> Arg {
-    if (v == d_.batch.size_input) return Arg::integer(d_.total);
+    if (d_.batch.isSizeInput(v)) return Arg::integer(d_.total);
     ValueId c = combined[static_cast<size_t>(v)];
     MP_INTERNAL_ASSERT(c != ir::kNoId || shared[static_cast<size_t>(v)] != ir::kNoId,
                        "microbatch: %{} has no copy", g_.value(v).name);
@@ -387,7 +416,7 @@ ir::Graph Microbatcher::build() {
           scaleSeed(s, g_.value(d_.seed).name + suffix, layerOfReader(d_.seed));
     }
     auto lookup = [&](ValueId v) -> Arg {
-      if (v == d_.batch.size_input) return Arg::integer(bk);
+      if (d_.batch.isSizeInput(v)) return Arg::integer(bk);
       if (local[static_cast<size_t>(v)] == ir::kNoId && is_sliced[static_cast<size_t>(v)]) slice(v);
       ValueId l = local[static_cast<size_t>(v)];
       return l != ir::kNoId ? Arg::value(l) : sharedLookup(v);

@@ -10,7 +10,8 @@
 // micro-batch k of size b_k:
 //   * every batched node that is not an update node is copied once with
 //     `mb=k`: S becomes the constant b_k in its types and in every argument
-//     that reads the S int input; dimension expressions torch.compile writes
+//     that reads an S int input (named S, or S_<k>: torch.compile passes the
+//     size once per input that has it); dimension expressions torch.compile writes
 //     (`e_16xs0`) are evaluated when they are products/sums of S and ints;
 //   * a batched input is sliced by `aten::narrow(x, dim, start_k, b_k)`
 //     (mb=k, phase fwd, the layer of its first reader);
@@ -67,7 +68,10 @@
 // micro-batch the copy's own outputs are used. Requires x at [S, C, ...]
 // with static C and spatial dims, constant training/momentum/eps, shared
 // rm/rv, and the new running stats read only after the micro-batches (by
-// update nodes, or returned); save_mean/save_rstd must stay inside them.
+// update nodes, or returned; a node reading them and nothing else per
+// micro-batch, such as AOTAutograd's `copy_` back into the buffer, is moved
+// after the micro-batches with its readers); save_mean/save_rstd must stay
+// inside them.
 // Example: microbatch(g, {.microbatches = 4, .batch_size = 32,
 //                         .batch_norm = BatchNormMode::Deferred}).
 #pragma once

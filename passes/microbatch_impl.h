@@ -84,6 +84,10 @@ class Microbatcher {
   bool reducerIsMean(NodeId n) const;
   // 3b. Batch norms whose running statistics are deferred (batch_norm option).
   void findDeferredBatchNorms();
+  // Under deferred batch norm, the nodes that read bn's new running stats
+  // (AOTAutograd's copy_ into the buffer) and nothing else per micro-batch
+  // run after the micro-batches, as do their readers.
+  void deferReaders(NodeId bn);
   bool isDeferredBn(NodeId n) const {
     return n != ir::kNoId && d_.deferred_bn[static_cast<size_t>(n)] != 0;
   }

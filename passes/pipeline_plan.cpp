@@ -11,6 +11,7 @@
 
 #include "ir/check.h"
 #include "ir/verifier.h"
+#include "passes/layer_order.h"
 #include "passes/pipeline_schedule.h"
 
 namespace modelpar::passes {
@@ -198,16 +199,25 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);
   PassTimer timer(plan.stats);
 
+  // 0. The module names as a chain of layers (merging cycles, placing
+  //    unlayered nodes); every later pass works on this graph.
+  LayerOrder order = timer.run("layer-order", [&] { return orderLayers(step); });
+  timer.last().detail = fmt::format("{} layers ({} merged, {} unlayered nodes placed)",
+                                    order.layers.size(), order.merged_layers,
+                                    order.unlayered_nodes);
+  const ir::Graph& ordered = order.graph;
+
   // 1. Stages from one micro-batch: the step at the first micro-batch's size.
   MicrobatchOptions one = o.microbatch;
   one.microbatches = 1;
   one.batch_size = plan.microbatch_sizes.front();
-  ir::Graph unit = timer.run("microbatch-1", [&] { return microbatch(step, one); });
+  ir::Graph unit = timer.run("microbatch-1", [&] { return microbatch(ordered, one); });
   timer.run("cost-1", [&] { return estimateCosts(unit, machine, o.cost_options); });
   plan.chain = timer.run("chain", [&] {
     ChainOptions co;
     co.weight_copies = o.weight_copies;
-    co.inherit_layers = true;  // functional ops (F.relu) carry no module name
+    co.inherit_layers = true;  // nodes microbatch adds (output cat, loss sum)
+    co.layer_order = order.layers;
     return chainFromGraph(unit, co);
   });
   timer.last().detail = fmt::format("{} layers", plan.chain.size());
@@ -244,7 +254,7 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   all.microbatches = o.microbatches;
   all.batch_size = o.batch_size;
   all.accumulate_in_reverse = o.schedule == "gpipe";  // the order its backwards run in
-  ir::Graph mb = timer.run("microbatch", [&] { return microbatch(step, all); });
+  ir::Graph mb = timer.run("microbatch", [&] { return microbatch(ordered, all); });
   timer.last().detail = fmt::format("{} -> {} nodes", step.nodes().size(), mb.nodes().size());
   timer.run("cost", [&] { return estimateCosts(mb, machine, o.cost_options); });
   plan.single_device_us = nodeTimeSum(mb);

@@ -327,6 +327,45 @@ TEST(Microbatch, DeferredBatchNormWithOneMicrobatchUsesTheCopysOwnUpdate) {
   EXPECT_FALSE(out.findValue("rm2.batch_mean").has_value());
 }
 
+// AOTAutograd writes the new running stats back with copy_ into the buffer
+// inside the forward: under deferred batch norm that write reads the whole
+// batch's statistics, so it runs after the micro-batches.
+TEST(Microbatch, DeferredBatchNormRunsTheBufferWriteBackAfterTheMicrobatches) {
+  std::string text = kBnStep;
+  text.replace(text.find("  %p: f32"), 0,
+               "  %w1: f32[3] = aten::copy_(%rm, %rm2) {phase=fwd}\n"
+               "  %w2: f32[3] = aten::copy_(%rv, %rv2) {phase=fwd}\n");
+  ir::Graph out = microbatch(ir::parseGraph(text), deferred(2, 4));
+  ir::verify(out);
+  EXPECT_HAS(nodeText(out, "w1"), "aten::copy_(%rm, %rm2)");
+  EXPECT_FALSE(out.findValue("w1.mb0").has_value());
+  const ir::Node& w1 = out.node(out.value(*out.findValue("w1")).producer);
+  EXPECT_FALSE(w1.microbatch.has_value());
+  // After the combination it reads.
+  EXPECT_GT(out.value(*out.findValue("w1")).producer,
+            out.value(*out.findValue("rm2")).producer);
+  // Without deferral the statistics are refused as before.
+  EXPECT_THROW(microbatch(ir::parseGraph(text), opts(2, 4)), UnsupportedOpError);
+}
+
+// torch.compile passes the batch size once per input that has it
+// (`%s0`, `%s0_1`): every such int input becomes the micro-batch's size.
+TEST(BatchSymbol, EveryIntInputNamedAfterTheSymbolIsTheSize) {
+  ir::Graph out = microbatch(ir::parseGraph(R"(
+graph @two_sizes(%s0: int input, %x: f32[s0, 4] input, %s0_1: int input, %s01: int input) {
+  %a: int = modelpar::sym_mul(%s0, 4) {layer="l", phase=fwd}
+  %v: f32[e_4xs0] = aten::view(%x, [%a]) {layer="l", phase=fwd}
+  %b: int = modelpar::sym_mul(%s0_1, 4) {layer="l", phase=fwd}
+  %u: f32[e_4xs0] = aten::view(%x, [%b]) {layer="l", phase=fwd}
+  %c: int = modelpar::sym_mul(%s01, 4) {layer="l", phase=fwd}
+  return %v, %u, %c
+})"), opts(2, 6));
+  EXPECT_HAS(nodeText(out, "a.mb1"), "modelpar::sym_mul(3, 4)");
+  EXPECT_HAS(nodeText(out, "b.mb1"), "modelpar::sym_mul(3, 4)");
+  // %s01 is another int: not the size, so %c is computed once from it.
+  EXPECT_HAS(nodeText(out, "c"), "modelpar::sym_mul(%s01, 4)");
+}
+
 TEST(Microbatch, DeferredBatchNormRefusesWhatItCannotCombine) {
   auto edit = [](std::string from, std::string to) {
     std::string t = kBnStep;
