@@ -4,12 +4,14 @@
 #include <torch/csrc/utils/pybind.h>
 
 #ifdef MODELPAR_HAS_PASSES
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "ir/check.h"
 #include "ir/ir.h"
 #include "passes/calibrate.h"
 #include "passes/checkpoint.h"
@@ -82,6 +84,37 @@ std::tuple<passes::Plan, passes::Plan, passes::Plan, int64_t, int64_t> planJoint
   passes::JointPlan jp = passes::planJoint(fw, bw, jo, o);
   return {std::move(jp.joint), std::move(jp.forward), std::move(jp.backward),
           jp.moved_to_layer_device, jp.moved_to_parameter_device};
+}
+
+// passes::joinForwardBackward for a step run as one program (the pipelined
+// torch.compile path): the first `keep_forward_outputs` forward outputs (the
+// user's, mutated inputs first) are always returned, then the backward's.
+// Returns (joint graph, joint value name of each kept forward output, of
+// each backward output).
+std::tuple<ir::Graph, std::vector<std::string>, std::vector<std::string>> joinStep(
+    const ir::Graph& fw, const ir::Graph& bw,
+    const std::vector<std::pair<std::string, std::string>>& saved,
+    const std::vector<std::pair<std::string, std::string>>& tangents, size_t keep_forward_outputs) {
+  std::vector<passes::SavedLink> s, t;
+  for (const auto& [b, f] : saved) s.push_back({b, f});
+  for (const auto& [b, f] : tangents) t.push_back({b, f});
+  MP_CHECK(keep_forward_outputs <= fw.outputs().size(), InvalidIrError,
+           "modelpar join: keep_forward_outputs={} but the forward graph @{} has {} outputs",
+           keep_forward_outputs, fw.name(), fw.outputs().size());
+  passes::JointGraph jg = passes::joinForwardBackward(fw, bw, s, t);
+  std::vector<ir::ValueId> outs;
+  std::vector<std::string> fw_names, bw_names;
+  auto add = [&](ir::ValueId v, std::vector<std::string>& names) {
+    names.push_back(jg.graph.value(v).name);
+    if (std::find(outs.begin(), outs.end(), v) == outs.end()) outs.push_back(v);
+  };
+  for (size_t i = 0; i < keep_forward_outputs; ++i) {
+    add(jg.forward_value[static_cast<size_t>(fw.outputs()[i])], fw_names);
+  }
+  for (ir::ValueId v : bw.outputs()) add(jg.backward_value[static_cast<size_t>(v)], bw_names);
+  jg.graph.setOutputs(std::move(outs));
+  ir::verify(jg.graph);
+  return {std::move(jg.graph), std::move(fw_names), std::move(bw_names)};
 }
 
 }  // namespace
@@ -242,6 +275,10 @@ void bindPlan(py::module_& m) {
         py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"), py::arg("lp_time_limit_s"),
         "passes::planJoint: forward and backward planned as one, split into one plan each; "
         "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
+  m.def("join_step", &joinStep, py::arg("forward"), py::arg("backward"), py::arg("saved"),
+        py::arg("tangents"), py::arg("keep_forward_outputs"),
+        "passes::joinForwardBackward returning the first keep_forward_outputs forward outputs and "
+        "every backward output: (graph, forward output names, backward output names).");
   m.def("parse_bytes", [](const std::string& text) { return passes::parseBytes(text); },
         py::arg("text"));
   m.def("format_bytes", &passes::formatBytes, py::arg("bytes"));

@@ -79,7 +79,9 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         fw_module, bw_module = partitioner(joint_module, joint_inputs, **kwargs)
-        if opts.planned:
+        if opts.pipeline is not None:
+            capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"), pipeline=True)
+        elif opts.planned:
             capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"))
         return fw_module, bw_module
 
@@ -89,6 +91,18 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                        # stats under no_grad) stay in the graph as copy_ nodes.
                        keep_inference_input_mutations=True)
     return aot(gm, example_inputs)
+
+
+def _scalar_tangent(bw_module: torch.fx.GraphModule, fw_module: torch.fx.GraphModule,
+                    num_fwd_outputs: int) -> bool:
+    """Whether the backward starts from one tangent, of a 0-dim floating
+    forward output (the loss computed inside the compiled function)."""
+    tangents = [n for n in bw_module.graph.nodes
+                if n.op == "placeholder" and n.name.startswith("tangents_")]
+    if len(tangents) != 1:
+        return False
+    val = tangents[0].meta.get("val")
+    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()
 
 
 def _user_code(gm: torch.fx.GraphModule) -> tuple[str, str, int, str]:
@@ -196,6 +210,8 @@ class _Capture:
         self.layer_device: dict[str, int] = {}  # planned: the forward's placement by layer
         self.executors: dict[str, Any] = {}  # planned: the Executor of each graph kind
         self.joint: _JointPlans | None = None
+        self.pipe: Any = None  # pipeline: the PipelineStep the partitioner built
+        self.pipe_texts: dict[str, str] = {}
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -230,7 +246,9 @@ class _Capture:
                                     self.layer_of_seq)
             graph = parse_graph(imported.text)
             placement = None
-            if self.opts.planned:
+            if self.opts.pipeline is not None:
+                compiled = self.pipelined(gm, graph, kind, imported)
+            elif self.opts.planned:
                 placement, compiled = self.place(graph, kind, imported)
             else:
                 compiled = _C.CompiledGraph(graph, imported.output_map, imported.constants)
@@ -250,13 +268,16 @@ class _Capture:
         return compiled
 
     def plan_joint(self, fw_module: torch.fx.GraphModule, bw_module: torch.fx.GraphModule,
-                   num_fwd_outputs: int | None = None) -> None:
+                   num_fwd_outputs: int | None = None, pipeline: bool = False) -> None:
         """Plans the forward and backward graphs as one, from the
-        partitioner (Note [Forward and backward placed as one]).
+        partitioner (Note [Forward and backward placed as one]); with
+        ``pipeline``, joins them for the pipeline passes instead
+        (compile_pipeline.py), which plan per batch size at the first call.
 
         Raises:
             PlanDoesNotFitError: the step does not fit ``memory``.
-            ConfigError: a bad option.
+            ConfigError: a bad option (pipeline: 1F1B with the loss outside,
+                a static batch dimension).
         """
         from .planning import plan_joint
         name = self.plan.name
@@ -298,6 +319,15 @@ class _Capture:
         gradients = []
         if len(bw.output_map) == len(fw_inputs):
             gradients = [(o, k) for k, o in enumerate(bw.output_map) if o >= 0]
+        if pipeline:
+            from .compile_pipeline import PipelineStep
+            step = PipelineStep(self.opts, self.plan, name)
+            scalar = _scalar_tangent(bw_module, fw_module, num_fwd_outputs or 0)
+            step.join(fw_graph, bw_graph, fw_module, bw_module, num_fwd_outputs or 0, saved,
+                      tangents, fw.output_map, bw.output_map, scalar)
+            self.pipe = step
+            self.pipe_texts = {"forward": fw.text, "backward": bw.text}
+            return
         joint, fw_plan, bw_plan, moved_layer, moved_param = plan_joint(
             fw_graph, bw_graph, saved, tangents, gradients, devices=self.opts.devices,
             memory=self.opts.memory, placer=self.opts.placer or "m-etf",
@@ -307,6 +337,29 @@ class _Capture:
                                  (moved_layer, moved_param))
         self.plan.joint = joint
         self.plan.joint_links = {"saved": saved, "tangents": tangents, "gradients": gradients}
+
+    def pipelined(self, gm: torch.fx.GraphModule, graph: Any, kind: GraphKind,
+                  imported: Any) -> Callable[..., Any]:
+        """The compiled callable of a graph under the ``pipeline`` option:
+        the PipelineStep's forward / backward (the partitioner joined the
+        two graphs), or an inference graph pipelined on its own.
+
+        Raises:
+            UnsupportedOpError: a training graph the partitioner could not
+                import (it then has no PipelineStep), so it falls back.
+        """
+        from .compile_pipeline import PipelineStep
+        if kind is GraphKind.INFERENCE:
+            step = PipelineStep(self.opts, self.plan, self.plan.name)
+            step.inference(graph, gm, imported.output_map)
+            return step.forward()
+        pipe = self.pipe
+        if pipe is None or self.pipe_texts.get(kind.value) != imported.text:
+            raise UnsupportedOpError(f"modelpar pipeline: the {kind.value} graph is not the one "
+                                     "the partitioner joined, so it cannot be pipelined")
+        if kind is GraphKind.FORWARD:
+            return pipe.forward()
+        return pipe.backward()
 
     def place(self, graph: Any, kind: GraphKind, imported: Any) -> tuple[Any, "_MultiDevice"]:
         """The plan of ``graph`` on ``opts.devices`` devices, and the

@@ -15,7 +15,7 @@ silently ignored.
 | ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
-| ``pipeline`` | None or a dict (``microbatches``, ``schedule``, ``partition``, ``checkpoint``) | None | not yet supported under torch.compile (issue 6); ``modelpar.plan_pipeline`` pipelines IR step graphs |
+| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"pipedream"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``), ``portals`` (True), ``batch_norm`` (``"refuse"``, ``"deferred"``), ``allow_random`` (False), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile_pipeline.py); needs a symbolic batch (``torch._dynamo.mark_dynamic(x, 0)``); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
 
@@ -45,11 +45,49 @@ __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
 VALID_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _PLACERS = ("m-topo", "m-etf", "m-sct")
 _PARTITIONERS = ("default", "min_cut")
-_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint")
 _CUDA_K = re.compile(r"^cuda:\d+$")
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+_SCHEDULES = ("gpipe", "1f1b", "1f1b*")
+_PARTITIONS = ("balance-time", "balance-size", "pipedream", "madpipe")
+_CHECKPOINTS = ("always", "except_last", "never")
+_REDUCTIONS = ("auto", "mean", "sum")
+_BATCH_NORMS = ("refuse", "deferred")
+_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint", "portals", "batch_norm",
+                 "allow_random", "loss_reduction")
+
+
+def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``pipeline`` option with defaults filled in, every value checked
+    (ConfigError naming the key and its valid values)."""
+    def bad(key: str, value: Any, valid: str) -> ConfigError:
+        return ConfigError(f"modelpar options: pipeline[{key!r}]={value!r} is not valid; "
+                           f"{key} takes {valid}")
+    extra = sorted(k for k in pipeline if k not in _PIPELINE_KEYS)
+    if extra:
+        raise ConfigError(f"modelpar options: unknown pipeline key(s) "
+                          f"{', '.join(map(repr, extra))}; valid keys: {', '.join(_PIPELINE_KEYS)}")
+    out = {"microbatches": 4, "schedule": "gpipe", "partition": "balance-time",
+           "checkpoint": "except_last", "portals": True, "batch_norm": "refuse",
+           "allow_random": False, "loss_reduction": "auto", **pipeline}
+    m = out["microbatches"]
+    if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+        raise bad("microbatches", m, "an int >= 1")
+    for key, valid in (("schedule", _SCHEDULES), ("partition", _PARTITIONS),
+                       ("checkpoint", _CHECKPOINTS), ("batch_norm", _BATCH_NORMS),
+                       ("loss_reduction", _REDUCTIONS)):
+        if out[key] not in valid:
+            raise bad(key, out[key], "one of " + ", ".join(map(repr, valid)))
+    for key in ("portals", "allow_random"):
+        if not isinstance(out[key], bool):
+            raise bad(key, out[key], "True or False")
+    if out["partition"] == "madpipe" and out["schedule"] != "1f1b*":
+        raise bad("partition", "madpipe", "'madpipe' only with schedule '1f1b*' (MadPipe's "
+                  "schedule for the stages it makes)")
+    return out
 
 
 @dataclass(frozen=True)
@@ -73,6 +111,7 @@ class CompileOptions:
         """Whether graphs are planned by passes' plan() and run by the
         multi-device Executor (else: the one-device interpreter)."""
         return (self.devices > 1 or self.memory is not None or self.trace is not None
+                or self.pipeline is not None
                 or self.cuda_graphs or self.device_map not in (None, "cpu"))
 
     @property
@@ -185,10 +224,7 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     if pipeline is not None:
         if not isinstance(pipeline, Mapping):
             raise _bad("pipeline", pipeline, f"None or a dict with keys {', '.join(_PIPELINE_KEYS)}")
-        extra = sorted(k for k in pipeline if k not in _PIPELINE_KEYS)
-        if extra:
-            raise ConfigError(f"modelpar options: unknown pipeline key(s) {', '.join(map(repr, extra))}; "
-                              f"valid keys: {', '.join(_PIPELINE_KEYS)}")
+        pipeline = pipeline_options(pipeline)
     trace = options.get("trace")
     if trace is not None and not isinstance(trace, (str, os.PathLike)):
         raise _bad("trace", trace, "a file path or None")
@@ -202,13 +238,6 @@ def resolve_options(options: Mapping[str, Any] | None = None,
                           f"devices but devices={devices}; give one device per logical device")
     if device_map not in (None, "cpu"):
         _check_cuda(device_map)
-    if pipeline is not None:
-        raise ConfigError(
-            f"modelpar options: pipeline={dict(pipeline)!r} is not yet supported under "
-            "torch.compile (issue 6): the pipeline passes need one training-step graph with a "
-            "symbolic batch dimension. Pipeline an IR step graph with "
-            "modelpar.plan_pipeline(graph, devices=..., microbatches=..., batch_size=...) and run "
-            "its program on modelpar.Executor; leave pipeline unset here.")
     if mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
         cuda_graphs = True
     if mode.startswith("max-autotune"):

@@ -79,6 +79,14 @@ class Plan:
     #: How the two graphs were joined (``modelpar.plan_joint``'s ``saved``,
     #: ``tangents`` and ``gradients``), to plan them again (bench/).
     joint_links: dict[str, list] | None = None
+    #: With the ``pipeline`` option: the PipelinePlan of the last batch size
+    #: run, every batch size's, the mode (``step``: the loss is compiled in
+    #: and the whole pipelined step runs at the forward call; ``split``:
+    #: fill-drain across AOTAutograd's two calls), and the planning time.
+    pipeline: Any = None
+    pipeline_batches: dict[int, Any] = field(default_factory=dict)
+    pipeline_mode: str | None = None
+    pipeline_seconds: float = 0.0
     #: Measured wall time of each completed step (forward + backward
     #: executors, or the inference executor), microseconds, oldest first.
     step_times_us: list[float] = field(default_factory=list)
@@ -93,6 +101,8 @@ class Plan:
         graphs' (None when nothing was planned)."""
         if self.joint is not None:
             return self.joint.step_time_us
+        if self.pipeline is not None:
+            return self.pipeline.step_time_us
         placed = [r.placement for r in self.graphs.values() if r.placement is not None]
         return sum(p.step_time_us for p in placed) if placed else None
 
@@ -154,7 +164,7 @@ class Plan:
                 events.append(e)
         path.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
         self.trace_path = str(path)
-        simulated = self.joint
+        simulated = self.joint if self.joint is not None else self.pipeline
         if simulated is None:
             placed = [r.placement for r in self.graphs.values() if r.placement is not None]
             simulated = placed[-1] if placed else None
@@ -265,7 +275,12 @@ class Plan:
         elif placed:
             lines.append(f"  simulated step ({' + '.join(placed)}): "
                          f"{sum(p.step_time_us for p in placed.values()):.1f} us")
-        if placed or self.joint is not None:
+        if self.pipeline is not None:
+            p = self.pipeline
+            lines.append(f"  pipeline ({self.pipeline_mode} mode; planned for batch sizes "
+                         f"{sorted(self.pipeline_batches)} in {self.pipeline_seconds:.2f} s): "
+                         f"simulated step {p.step_time_us:.1f} us")
+        if placed or self.joint is not None or self.pipeline is not None:
             if self.step_times_us:
                 lines.append(f"  measured step: {self.measured_step_us:.1f} us (last), median "
                              f"{self.measured_median_us:.1f} us over {len(self.step_times_us)} "
@@ -278,6 +293,9 @@ class Plan:
         if self.joint is not None:
             lines.append("  [joint]")
             lines.extend("    " + line for line in str(self.joint).rstrip("\n").splitlines())
+        if self.pipeline is not None:
+            lines.append("  [pipeline]")
+            lines.extend("    " + line for line in str(self.pipeline).rstrip("\n").splitlines())
         for kind, p in placed.items():
             lines.append(f"  [{kind}]")
             lines.extend("    " + line for line in str(p).rstrip("\n").splitlines())

@@ -1,0 +1,302 @@
+"""Pipeline parallelism under ``torch.compile``:
+``torch.compile(f, backend="modelpar", options={"devices": 4, "pipeline": {...}})``.
+
+AOTAutograd hands the backend a forward graph (it returns the user's
+outputs, then the values it saves) and a backward graph (saved values and
+the outputs' gradients, the tangents, in; one gradient per input out), and
+calls them separately: the user's code runs between them. The pipeline
+passes (passes/pipeline_plan.h) need the training step as one graph, so the
+partitioner hook joins the two (``_C.join_step``: a saved value *is* the
+forward value of its name) and pipelines the joint graph per batch size, at
+the first call with that size (its symbol is the value the passes split):
+
+* **step** mode, when the forward returns one scalar the backward starts
+  from (the loss: the compiled function computes it): the tangent becomes
+  ``ones_like(loss)``, and the whole pipelined step (every micro-batch's
+  forward and backward, in the schedule's order: GPipe, 1F1B or 1F1B*) runs
+  at the forward call. The gradients are kept; the backward call returns
+  them times the real tangent (the backward is linear in it), so
+  ``loss.backward()`` and ``(2 * loss).backward()`` are both exact. If no
+  backward follows (an evaluation under grad mode), the work was wasted, not
+  wrong.
+* **split** mode, when the loss is computed outside (the forward returns
+  predictions): only fill-drain is possible (GPipe): the tangents stay
+  inputs, the pipelined step is split into the part before the backward and
+  the rest (passes/split_phases.h); the forward call runs the first and keeps
+  the values the second reads (on the devices that made them); the backward
+  call runs the second with the tangents. 1F1B needs the loss inside, and
+  asking for it here is a ConfigError saying so.
+
+Both modes keep what the backward needs in this module, keyed by a small
+tensor that AOTAutograd saves in place of every saved tensor; the entry is
+dropped when autograd frees that tensor (after the backward, or with the
+graph). Inference graphs (``torch.no_grad``) are micro-batched and pipelined
+forward only.
+
+The batch dimension must be symbolic: ``torch._dynamo.mark_dynamic(x, 0)``
+on every batched input before the first call (or ``dynamic=True``, which
+also makes other sizes symbolic; deferred batch norm then refuses).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import weakref
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx
+
+from . import _C
+from .errors import ConfigError
+from .options import CompileOptions, pipeline_options
+
+__all__ = ["PipelineStep"]
+
+@dataclass
+class _Stash:
+    """What one forward call leaves for its backward."""
+    values: dict[str, Any]
+    args: list[Any] = field(default_factory=list)
+
+
+class _StashTable:
+    """Stashes keyed by a one-element int64 tensor that AOTAutograd saves for
+    the backward; an entry lives as long as that tensor."""
+
+    def __init__(self) -> None:
+        self.entries: dict[int, _Stash] = {}
+        self.counter = itertools.count(1)
+
+    def put(self, stash: _Stash) -> torch.Tensor:
+        key = next(self.counter)
+        self.entries[key] = stash
+        token = torch.tensor([key], dtype=torch.int64)
+        weakref.finalize(token, self.entries.pop, key, None)
+        return token
+
+    def get(self, token: Any) -> _Stash:
+        key = int(token[0]) if isinstance(token, torch.Tensor) and token.numel() == 1 else -1
+        stash = self.entries.get(key)
+        if stash is None:
+            raise RuntimeError("modelpar pipeline: the backward found nothing its forward kept "
+                               "(the graph was already freed: call backward once per forward, or "
+                               "pass retain_graph=True)")
+        return stash
+
+
+@dataclass
+class _Built:
+    """The pipelined step for one batch size."""
+    plan: Any                         # PipelinePlan
+    executors: list[Any]              # step: [whole]; split: [first, second]
+    output_index: list[dict[str, int]]  # per executor: output name -> index
+    input_names: list[list[str]]      # per executor: its graph inputs
+
+
+class PipelineStep:
+    """One Dynamo graph's training step, pipelined (see the module docstring).
+
+    Built by the partitioner hook from the imported forward and backward
+    graphs; ``forward()`` / ``backward()`` / ``inference()`` are what the
+    AOTAutograd compilers return.
+    """
+
+    def __init__(self, opts: CompileOptions, plan_record: Any, name: str) -> None:
+        self.opts = opts
+        self.options = pipeline_options(opts.pipeline or {})
+        self.record = plan_record
+        self.name = name
+        self.stash = _StashTable()
+        self.built: dict[int, _Built] = {}
+        self.mode = "step"
+        self.graph: Any = None
+        self.fw_out_names: list[str] = []
+        self.bw_out_names: list[str] = []
+        self.fw_input_names: list[str] = []
+        self.tangent_names: list[str] = []
+        self.saved_kinds: list[str] = []  # per saved forward output: "tensor" / "int"
+        self.tangent_positions: list[int] = []
+        self.graph_kind = "training"
+        self.batch_input = -1  # the forward input whose dim 0 is the batch
+
+    # -- building --------------------------------------------------------
+
+    def join(self, fw_graph: Any, bw_graph: Any, fw_module: torch.fx.GraphModule,
+             bw_module: torch.fx.GraphModule, num_fwd_outputs: int,
+             saved: list[tuple[str, str]], tangents: list[tuple[str, str]],
+             fw_output_map: Sequence[int], bw_output_map: Sequence[int],
+             scalar_loss: bool) -> None:
+        """Joins the two graphs and decides the mode (step when the backward
+        starts from one scalar loss, else split).
+
+        Raises:
+            ConfigError: 1F1B asked for with the loss outside the compiled
+                function, or a batch dimension that is not symbolic.
+        """
+        fw_out = next(n for n in fw_module.graph.nodes if n.op == "output").args[0]
+        self.saved_kinds = ["tensor" if isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor)
+                            else "int" for o in fw_out[num_fwd_outputs:]]
+        self.batch_input = _batch_input(fw_module)
+        self.mode = "step" if scalar_loss and len(tangents) == 1 else "split"
+        if self.mode == "split" and self.options["schedule"] != "gpipe":
+            raise ConfigError(
+                f"modelpar pipeline: schedule={self.options['schedule']!r} interleaves forward and "
+                "backward micro-batches, but the loss is computed outside the compiled function, "
+                "so AOTAutograd runs the backward only after the whole forward: only fill-drain "
+                "('gpipe') fits. For 1F1B, compile a function that returns the loss, e.g. "
+                "torch.compile(lambda x, y: loss_fn(model(x), y), ...)")
+        links = tangents if self.mode == "step" else []
+        # FX outputs map onto IR outputs (-1: None or a constant); keep every
+        # IR output the user's forward outputs use.
+        user_map = list(fw_output_map[:num_fwd_outputs])
+        keep = 1 + max([o for o in user_map if o >= 0], default=-1)
+        graph, fw_names, bw_names = _C.join_step(fw_graph, bw_graph, saved, links, keep)
+        self.graph = graph
+        self.fw_out_names = [fw_names[o] if o >= 0 else "" for o in user_map]
+        self.bw_out_names = [bw_names[o] if o >= 0 else "" for o in bw_output_map]
+        self.fw_input_names = list(fw_graph.input_names)
+        bw_ph = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
+        self.tangent_positions = [i for i, n in enumerate(bw_ph) if n.name.startswith("tangents_")]
+        self.tangent_names = [b for b, _ in tangents] if self.mode == "split" else []
+        self.graph_kind = "training"
+
+    def inference(self, graph: Any, gm: torch.fx.GraphModule, output_map: Sequence[int]) -> None:
+        """An inference graph (no backward): pipelined forward only.
+
+        Raises:
+            ConfigError: a batch dimension that is not symbolic.
+        """
+        self.batch_input = _batch_input(gm)
+        self.mode = "step"
+        self.graph = graph
+        names = list(graph.output_names)
+        self.fw_out_names = [names[o] if o >= 0 else "" for o in output_map]
+        self.fw_input_names = list(graph.input_names)
+        self.saved_kinds = []
+        self.graph_kind = "inference"
+
+    def build(self, batch: int) -> _Built:
+        """The pipelined step at this batch size (planned once, cached)."""
+        if batch in self.built:
+            return self.built[batch]
+        from .executor import Executor
+        from .pipeline_passes import plan_pipeline
+        o = self.options
+        start = time.perf_counter()
+        plan = plan_pipeline(self.graph, devices=self.opts.devices,
+                             microbatches=min(o["microbatches"], batch), batch_size=batch,
+                             schedule=o["schedule"], partition=o["partition"],
+                             checkpoint=o["checkpoint"], portals=o["portals"],
+                             memory=self.opts.memory, loss_reduction=o["loss_reduction"],
+                             allow_random=o["allow_random"], batch_norm=o["batch_norm"],
+                             trace=_simulated_trace(self.opts.trace))
+        if self.mode == "split":
+            first, second = _C.split_phases(plan)
+            programs = [first, second]
+        else:
+            programs = [plan.program]
+        executors = [Executor(p, devices=self.opts.executor_devices, threads_per_device=1,
+                              record_trace=self.opts.trace is not None,
+                              replay="graphs" if self.opts.cuda_graphs else "streams")
+                     for p in programs]
+        built = _Built(plan, executors,
+                       [{n: i for i, n in enumerate(p.graph.output_names)} for p in programs],
+                       [list(p.graph.input_names) for p in programs])
+        self.built[batch] = built
+        self.record.pipeline = plan
+        self.record.pipeline_mode = self.mode if self.graph_kind == "training" else "inference"
+        self.record.pipeline_batches[batch] = plan
+        self.record.pipeline_seconds += time.perf_counter() - start
+        return built
+
+    # -- running ---------------------------------------------------------
+
+    def batch_of(self, args: Sequence[Any]) -> int:
+        x = args[self.batch_input]
+        return int(x.shape[0])
+
+    def forward(self) -> Callable[[list[Any]], list[Any]]:
+        def run(args: list[Any]) -> list[Any]:
+            inputs = list(args)
+            args.clear()
+            built = self.build(self.batch_of(inputs))
+            by_name = dict(zip(self.fw_input_names, inputs))
+            start = time.perf_counter_ns()
+            outs = _run(built, 0, by_name)
+            # A step-mode forward runs the whole step: it completes it.
+            self.record.record_run("forward" if self.mode == "split" else "step",
+                                   built.executors[0], start, time.perf_counter_ns())
+            user = [outs[n] if n else None for n in self.fw_out_names]
+            if self.graph_kind == "inference":
+                return user
+            # Step: the gradients; split: the carried values and the inputs.
+            token = self.stash.put(_Stash(outs, inputs if self.mode == "split" else []))
+            saved = [token if k == "tensor" else 0 for k in self.saved_kinds]
+            return user + saved
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+    def backward(self) -> Callable[[list[Any]], list[Any]]:
+        def run(args: list[Any]) -> list[Any]:
+            inputs = list(args)
+            args.clear()
+            tangent_at = set(self.tangent_positions)
+            saved = [a for i, a in enumerate(inputs) if i not in tangent_at]
+            tangents = [inputs[i] for i in self.tangent_positions if i < len(inputs)]
+            token = next((a for a in saved if isinstance(a, torch.Tensor)), None)
+            stash = self.stash.get(token)
+            if self.mode == "step":
+                (t,) = tangents or [None]
+                grads = [stash.values.get(n) if n else None for n in self.bw_out_names]
+                if isinstance(t, torch.Tensor) and not (t.numel() == 1 and float(t) == 1.0):
+                    grads = [g * t if isinstance(g, torch.Tensor) else g for g in grads]
+                return grads
+            built = self.build(self.batch_of(stash.args))
+            by_name = dict(zip(self.fw_input_names, stash.args))
+            by_name.update(zip(self.tangent_names, tangents))
+            by_name.update(stash.values)
+            start = time.perf_counter_ns()
+            outs = _run(built, 1, by_name)
+            self.record.record_run("backward", built.executors[1], start, time.perf_counter_ns())
+            return [outs.get(n) if n else None for n in self.bw_out_names]
+        run._boxed_call = True  # type: ignore[attr-defined]
+        return run
+
+
+def _run(built: _Built, k: int, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Runs executor k on the named values; returns its outputs by name."""
+    missing = [n for n in built.input_names[k] if n not in values]
+    if missing:
+        raise RuntimeError(f"modelpar pipeline: no value for input(s) {', '.join(missing)} of "
+                           "the pipelined program (an import bug)")
+    outs = built.executors[k].run([values[n] for n in built.input_names[k]])
+    return {n: outs[i] for n, i in built.output_index[k].items()}
+
+
+def _batch_input(fw_module: torch.fx.GraphModule) -> int:
+    """The index of the first forward input whose dim 0 is symbolic.
+
+    Raises:
+        ConfigError: no input has a symbolic first dimension.
+    """
+    placeholders = [n for n in fw_module.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if (isinstance(val, torch.Tensor) and val.dim() > 0
+                and isinstance(val.shape[0], torch.SymInt)):
+            return i
+    raise ConfigError(
+        "modelpar pipeline: the batch dimension of the captured graph is static, so it cannot be "
+        "split into micro-batches; call torch._dynamo.mark_dynamic(t, 0) on every batched input "
+        "(the inputs and the targets) before the first call, or compile with dynamic=True")
+
+
+def _simulated_trace(trace: str | None) -> str | None:
+    if trace is None:
+        return None
+    stem = trace[:-5] if trace.endswith(".json") else trace
+    return stem + ".simulated.json"
