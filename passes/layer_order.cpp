@@ -20,6 +20,12 @@ namespace {
 bool isForward(const ir::Node& n) { return !n.phase || *n.phase == ir::Phase::Forward; }
 bool isUpdate(const ir::Node& n) { return n.phase && *n.phase == ir::Phase::Update; }
 
+// An in-place op (`aten::copy_`) whose first argument is a graph input.
+bool writesInput(const ir::Graph& g, const ir::Node& n) {
+  return !n.op.empty() && n.op.back() == '_' && !n.args.empty() && n.args[0].isValue() &&
+         g.inputIndex(n.args[0].toValue()).has_value();
+}
+
 // Strongly connected components of a digraph (iterative Tarjan); returns the
 // component of each vertex.
 std::vector<int> components(const std::vector<std::vector<int>>& adj) {
@@ -104,9 +110,27 @@ LayerOrder orderLayers(const ir::Graph& g) {
   std::vector<std::string> unit_name;  // empty for an unlayered node's unit
   std::vector<size_t> unit_first;      // first node in graph order
   std::vector<int> unit_of_node(nn, -1);
+  std::vector<std::vector<ir::NodeId>> users = g.users();
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
     if (!isForward(n)) continue;
+    if (n.layer.empty() && writesInput(g, n)) {
+      // An in-place write back into a graph input (AOTAutograd's copy_ of a
+      // buffer's new value) runs where the input lives: with the first
+      // layered forward node that reads it (a cycle this makes merges).
+      for (ir::NodeId r : users[static_cast<size_t>(n.args[0].toValue())]) {
+        const ir::Node& rn = g.node(r);
+        if (static_cast<size_t>(r) == i || rn.layer.empty() || !isForward(rn)) continue;
+        auto [it, fresh] = unit_of_layer.emplace(rn.layer, static_cast<int>(unit_name.size()));
+        if (fresh) {
+          unit_name.push_back(rn.layer);
+          unit_first.push_back(static_cast<size_t>(r));
+        }
+        unit_of_node[i] = it->second;
+        break;
+      }
+      if (unit_of_node[i] >= 0) continue;
+    }
     if (n.layer.empty()) {
       unit_of_node[i] = static_cast<int>(unit_name.size());
       unit_name.emplace_back();
@@ -265,7 +289,6 @@ LayerOrder orderLayers(const ir::Graph& g) {
       gradient[i] = true;
     }
   }
-  std::vector<std::vector<ir::NodeId>> users = g.users();
   const int last = static_cast<int>(out.layers.size()) - 1;
   for (size_t r = nn; r-- > 0;) {
     if (!backward[r] || pos[r] >= 0) continue;

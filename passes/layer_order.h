@@ -19,7 +19,10 @@
 //
 // Algorithm. Over the forward nodes (phase fwd or none):
 //   1. units: one per layer name, one per unlayered node; an edge per value a
-//      forward node reads from another unit's forward node;
+//      forward node reads from another unit's forward node. An unlayered
+//      in-place write into a graph input (AOTAutograd's `copy_` of a buffer's
+//      new running stats) joins the layer of the input's first layered
+//      reader, so it runs on the stage, hence the device, the input lives on;
 //   2. the unit graph's strongly connected components are condensed (a cycle
 //      of layers, as nested names make, becomes one layer) and sorted
 //      topologically, ties by the first node of each in graph order;

@@ -132,6 +132,24 @@ graph @relu_step(%x: f32[B, 4] input, %w1: f32[4, 4] param, %w2: f32[4, 4] param
   for (const ir::Node& n : lo.graph.nodes()) EXPECT_FALSE(n.layer.empty()) << n.op;
 }
 
+// AOTAutograd's write-back of a buffer (copy_ into the graph input) comes at
+// the end of the forward; it joins the layer that reads the buffer, not the
+// layer before it in graph order.
+TEST(LayerOrder, BufferWriteBackJoinsTheLayerReadingTheBuffer) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @bn(%x: f32[B, 4] input, %rm: f32[4] buffer) {
+  %a: f32[B, 4] = aten::add.Tensor(%x, %rm) {layer="bn", phase=fwd}
+  %m: f32[4] = aten::mul.Scalar(%rm, 0.9) {layer="bn", phase=fwd}
+  %b: f32[B, 4] = aten::relu(%a) {layer="fc", phase=fwd}
+  %w: f32[4] = aten::copy_(%rm, %m) {phase=fwd}
+  return %b
+}
+)");
+  LayerOrder lo = orderLayers(g);
+  EXPECT_EQ(lo.layers, (Names{"bn", "fc"}));
+  EXPECT_EQ(layerOf(lo.graph, "w"), "bn");
+}
+
 TEST(LayerOrder, AChainKeepsItsLayers) {
   ir::Graph g = ir::parseGraph(R"(
 graph @chain(%x: f32[B, 4] input, %w: f32[4, 4] param) {

@@ -1,0 +1,250 @@
+"""torch.compile(..., options={"devices": N, "pipeline": {...}}): the
+training step micro-batched, cut into stages and run as a pipelined program
+on CPU worker devices (python_shim/modelpar/compile_pipeline.py).
+
+Transparency: outputs, the loss and every gradient equal eager PyTorch on
+the U-Net, the GPT decoder and the Inception model for {gpipe, 1f1b} x
+{always, except_last, never} x {portals, relayed skips}: 1F1B with the loss
+compiled in (step mode), GPipe with the loss outside (split mode, the
+forward and backward calls run the two halves). Also: new batch sizes plan
+again, the tangent scales the gradients, momentum-SGD steps, deferred batch
+norm's running statistics, inference, and the errors a user can hit."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import pytest
+import torch
+
+import modelpar
+from models import CASES
+
+TOL = dict(rtol=1e-4, atol=1e-5)
+MATRIX = list(itertools.product(["always", "except_last", "never"], [True, False]))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+
+
+def _batch(name: str, seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    x, y = CASES[name].batch(seed, n)
+    torch._dynamo.mark_dynamic(x, 0)
+    torch._dynamo.mark_dynamic(y, 0)
+    return x, y
+
+
+def _assert_grads(model: torch.nn.Module, eager: torch.nn.Module) -> None:
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is not None:
+            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m, n=n: f"grad of {n}: {m}")
+
+
+def _pipeline(**kw) -> dict:
+    return {"microbatches": 4, **kw}
+
+
+def _loss_inside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.Plan:
+    """Compiles model + loss (step mode); loss and gradients equal eager for
+    each batch size."""
+    case = CASES[name]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return case.loss(model(x), y)
+
+    fast = torch.compile(step, backend="modelpar",
+                         options={"strict": True, "devices": devices, "pipeline": _pipeline(**pipeline)})
+    for seed, n in enumerate(batches):
+        model.zero_grad()
+        eager.zero_grad()
+        x, y = _batch(name, seed, n)
+        loss = fast(x, y)
+        ref = case.loss(eager(x), y)
+        torch.testing.assert_close(loss, ref, **TOL)
+        loss.backward()
+        ref.backward()
+        _assert_grads(model, eager)
+    plan = modelpar.plans()[-1]
+    assert plan.pipeline_mode == "step"
+    return plan
+
+
+def _loss_outside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.Plan:
+    """Compiles the model only (split mode): outputs and gradients equal
+    eager for each batch size."""
+    case = CASES[name]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(model, backend="modelpar",
+                         options={"strict": True, "devices": devices, "pipeline": _pipeline(**pipeline)})
+    for seed, n in enumerate(batches):
+        model.zero_grad()
+        eager.zero_grad()
+        x, y = _batch(name, seed, n)
+        out, ref = fast(x), eager(x)
+        torch.testing.assert_close(out, ref, **TOL)
+        case.loss(out, y).backward()
+        case.loss(ref, y).backward()
+        _assert_grads(model, eager)
+    plan = modelpar.plans()[-1]
+    assert plan.pipeline_mode == "split"
+    return plan
+
+
+@pytest.mark.parametrize("name", ["unet", "gpt", "inception"])
+@pytest.mark.parametrize("checkpoint,portals", MATRIX)
+def test_1f1b_with_the_loss_compiled_in_equals_eager(name: str, checkpoint: str, portals: bool) -> None:
+    plan = _loss_inside(name, 2, [8], schedule="1f1b", checkpoint=checkpoint, portals=portals)
+    assert plan.pipeline.num_stages == 2
+    assert plan.pipeline.schedule == "1f1b"
+
+
+@pytest.mark.parametrize("name", ["unet", "gpt", "inception"])
+@pytest.mark.parametrize("checkpoint,portals", MATRIX)
+def test_gpipe_with_the_loss_outside_equals_eager(name: str, checkpoint: str, portals: bool) -> None:
+    plan = _loss_outside(name, 2, [8], schedule="gpipe", checkpoint=checkpoint, portals=portals)
+    assert plan.pipeline.num_stages == 2
+
+
+def test_gpipe_with_the_loss_compiled_in_and_four_stages() -> None:
+    plan = _loss_inside("gpt", 4, [8], schedule="gpipe", microbatches=4)
+    assert plan.pipeline.num_stages == 4
+    # The decoder's blocks are chain layers (nested module names merged).
+    text = str(plan)
+    assert "[pipeline]" in text and "4 stages on 4 devices" in text, text
+
+
+def test_new_batch_sizes_plan_again_and_uneven_microbatches_are_exact() -> None:
+    plan = _loss_inside("inception", 2, [8, 10, 8], schedule="1f1b", microbatches=4)
+    assert sorted(plan.pipeline_batches) == [8, 10]
+    assert plan.pipeline_batches[10].microbatch_sizes == [3, 3, 3, 1]
+    plan = _loss_outside("unet", 2, [6, 5], schedule="gpipe", microbatches=3)
+    assert sorted(plan.pipeline_batches) == [5, 6]
+
+
+def test_the_tangent_scales_the_kept_gradients() -> None:
+    case = CASES["gpt"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}})
+    x, y = _batch("gpt", 0, 4)
+    (fast(x, y) * 2.5).backward()
+    (case.loss(eager(x), y) * 2.5).backward()
+    _assert_grads(model, eager)
+
+
+def test_momentum_sgd_steps_equal_eager() -> None:
+    case = CASES["unet"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(model, backend="modelpar", options={"devices": 2, "pipeline": {}})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    for step in range(3):
+        x, y = _batch("unet", step, 4)
+        out, ref = fast(x), eager(x)
+        torch.testing.assert_close(out, ref, **TOL)
+        case.loss(out, y).backward()
+        case.loss(ref, y).backward()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_deferred_batch_norm_updates_running_stats_from_the_whole_batch() -> None:
+    case = CASES["cnn"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"batch_norm": "deferred",
+                                                             "schedule": "1f1b"}})
+    x, y = _batch("cnn", 0, 8)
+    fast(x, y).backward()
+    case.loss(eager(x), y).backward()
+    for (n, b), r in zip(model.named_buffers(), eager.buffers()):
+        torch.testing.assert_close(b, r, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+
+
+def test_batch_norm_without_the_deferred_option_names_it() -> None:
+    case = CASES["cnn"]
+    model = case.make_model()
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {}})
+    with pytest.raises(modelpar.UnsupportedOpError, match="deferred"):
+        fast(*_batch("cnn", 0, 8))
+
+
+def test_inference_is_pipelined_forward_only() -> None:
+    case = CASES["inception"]
+    model = case.make_model()
+    fast = torch.compile(model, backend="modelpar", options={"devices": 2, "pipeline": {}})
+    x, _ = _batch("inception", 0, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x), model(x), **TOL)
+    assert modelpar.plans()[-1].pipeline_mode == "inference"
+
+
+def _inner(err: pytest.ExceptionInfo) -> BaseException:
+    e = err.value
+    return getattr(e, "inner_exception", None) or e
+
+
+def test_a_static_batch_says_how_to_make_it_dynamic() -> None:
+    case = CASES["mlp"]
+    model = case.make_model()
+    fast = torch.compile(model, backend="modelpar", options={"devices": 2, "pipeline": {}})
+    x, _ = case.batch(0, 8)
+    with pytest.raises(Exception) as err:
+        fast(x)
+    inner = _inner(err)
+    assert isinstance(inner, modelpar.ConfigError), inner
+    assert "mark_dynamic" in str(inner), inner
+
+
+def test_1f1b_with_the_loss_outside_says_to_compile_the_loss() -> None:
+    model = CASES["mlp"].make_model()
+    fast = torch.compile(model, backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}})
+    x, _ = _batch("mlp", 0, 8)
+    with pytest.raises(Exception) as err:
+        fast(x)
+    inner = _inner(err)
+    assert isinstance(inner, modelpar.ConfigError), inner
+    assert "compile a function that returns the loss" in str(inner), inner
+
+
+@pytest.mark.parametrize("pipeline,match", [
+    ({"microbatch": 4}, "unknown pipeline key"),
+    ({"schedule": "interleaved"}, "'gpipe', '1f1b', '1f1b\\*'"),
+    ({"microbatches": 0}, "an int >= 1"),
+    ({"partition": "madpipe"}, "only with schedule '1f1b\\*'"),
+    ({"portals": "yes"}, "True or False"),
+    ([4], "None or a dict"),
+])
+def test_bad_pipeline_options_are_refused_before_tracing(pipeline, match: str) -> None:
+    with pytest.raises(modelpar.ConfigError, match=match):
+        modelpar.resolve_options({"devices": 2, "pipeline": pipeline})
+
+
+def test_a_step_that_does_not_fit_raises_before_running() -> None:
+    case = CASES["mlp"]
+    model = case.make_model()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "memory": "4KiB", "pipeline": {}})
+    with pytest.raises(modelpar.PlanDoesNotFitError):
+        fast(*_batch("mlp", 0, 8))
+    for k, v in model.state_dict().items():
+        torch.testing.assert_close(v, before[k])
