@@ -272,19 +272,19 @@ LayerOrder orderLayers(const ir::Graph& g) {
     const ir::Node& n = g.nodes()[i];
     if (isForward(n) || isUpdate(n)) continue;
     backward[i] = true;
-    auto it = n.layer.empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
-    if (it != pos_of_name.end()) {
-      pos[i] = it->second;
-      gradient[i] = true;
-      continue;
-    }
     int earliest = std::numeric_limits<int>::max();
     for (ir::ValueId x : n.inputs()) {
       ir::NodeId p = g.value(x).producer;
       if (p == ir::kNoId || !gradient[static_cast<size_t>(p)]) continue;
       earliest = std::min(earliest, pos[static_cast<size_t>(p)]);
     }
-    if (earliest != std::numeric_limits<int>::max()) {
+    auto it = n.layer.empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
+    if (it != pos_of_name.end()) {
+      // Its layer, unless a gradient it reads comes from an earlier one
+      // (AOTAutograd tags some gradient sums with an unrelated module).
+      pos[i] = std::min(it->second, earliest);
+      gradient[i] = true;
+    } else if (earliest != std::numeric_limits<int>::max()) {
       pos[i] = earliest;
       gradient[i] = true;
     }

@@ -32,7 +32,9 @@
 //      order or stays within a layer.
 // A merged layer is named by its members' longest common dotted prefix
 // (`blocks.0`), else `a+b` (`a+...+z` for more than three), unless taken.
-// Backward nodes (bwd, recompute) of a named layer go with that layer. An
+// Backward nodes (bwd, recompute) of a named layer go with that layer, or
+// with an earlier one if they read a gradient from it (AOTAutograd tags some
+// gradient sums with an unrelated module's name). An
 // unlayered backward node that reads a gradient (a backward node that is
 // layered or itself reads a gradient) takes the earliest layer among those
 // it reads, so gradients never flow to a later stage; any other unlayered

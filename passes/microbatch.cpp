@@ -370,6 +370,13 @@ ir::Graph Microbatcher::build() {
     NodeId r = first_reader[static_cast<size_t>(v)];
     return r == ir::kNoId ? std::string() : g_.node(r).layer;
   };
+  // A slice runs in its first reader's phase: a tangent input's slices are
+  // backward work (split_phases.h keeps them out of the forward part).
+  auto phaseOfReader = [&](ValueId v) {
+    NodeId r = first_reader[static_cast<size_t>(v)];
+    std::optional<Phase> ph = r == ir::kNoId ? std::nullopt : g_.node(r).phase;
+    return ph == Phase::Backward ? Phase::Backward : Phase::Forward;
+  };
 
   // Graph inputs sliced per micro-batch: batched and read by a copy.
   std::vector<bool> is_sliced(g_.numValues(), false);
@@ -407,7 +414,7 @@ ir::Graph Microbatcher::build() {
                               Arg::integer(d_.batch.input_dim[i]), Arg::integer(start),
                               Arg::integer(bk)},
                              {{fresh(val.name + suffix), instantiate(val.type, sym, bk)}});
-      addAttrs(s, layerOfReader(v), Phase::Forward, mb);
+      addAttrs(s, layerOfReader(v), phaseOfReader(v), mb);
       local[static_cast<size_t>(v)] = out.node(s).outputs[0];
     };
     if (d_.seed_is_root) {

@@ -14,7 +14,8 @@
 //     size once per input that has it); dimension expressions torch.compile writes
 //     (`e_16xs0`) are evaluated when they are products/sums of S and ints;
 //   * a batched input is sliced by `aten::narrow(x, dim, start_k, b_k)`
-//     (mb=k, phase fwd, the layer of its first reader);
+//     (mb=k, the layer of its first reader, phase bwd if that reader is a
+//     backward node, as for a tangent input, else fwd);
 //   * nodes that read no batched value (weight transposes, ...) stay once,
 //     without `mb`; update-phase nodes come after every micro-batch.
 // Values leaving the micro-batches (read by update nodes or returned):

@@ -290,6 +290,8 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
              kPipelinePlanId, d, formatBytes(peak), peak, formatBytes(cap), cap);
   }
   plan.stage_of_node = std::move(pp.stage_of_node);
+  plan.graph = std::move(pp.graph);
+  plan.placement = std::move(pp.placement);
   plan.program = std::move(pp.program);
   return plan;
 }

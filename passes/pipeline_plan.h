@@ -96,6 +96,10 @@ struct PipelinePlan {
   /// The chain the partitioner cut (one micro-batch) and its result.
   LayerChain chain;
   StagePartition partition;
+  /// The scheduled graph (with relay copies) and its placement, from which
+  /// `program` was lowered (split_phases.h splits them for torch.compile).
+  ir::Graph graph{"pipeline"};
+  Placement placement;
   /// Per NodeId of program.graph(): its stage.
   std::vector<int32_t> stage_of_node;
   /// Per chain layer, its stage.

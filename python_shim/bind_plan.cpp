@@ -22,6 +22,7 @@
 #include "passes/pipeline.h"
 #include "passes/pipeline_plan.h"
 #include "passes/partition.h"
+#include "passes/split_phases.h"
 #include "passes/layer_chain.h"
 
 namespace py = pybind11;
@@ -275,6 +276,14 @@ void bindPlan(py::module_& m) {
         py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"), py::arg("lp_time_limit_s"),
         "passes::planJoint: forward and backward planned as one, split into one plan each; "
         "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
+  m.def(
+      "split_phases",
+      [](const passes::PipelinePlan& p) {
+        passes::PhaseSplit s = passes::splitPhases(p.graph, p.placement);
+        return py::make_tuple(std::move(s.first), std::move(s.second), std::move(s.carried));
+      },
+      py::arg("plan"),
+      "passes::splitPhases of a PipelinePlan: (first Program, second Program, carried names).");
   m.def("join_step", &joinStep, py::arg("forward"), py::arg("backward"), py::arg("saved"),
         py::arg("tangents"), py::arg("keep_forward_outputs"),
         "passes::joinForwardBackward returning the first keep_forward_outputs forward outputs and "

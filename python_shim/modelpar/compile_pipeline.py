@@ -161,7 +161,14 @@ class PipelineStep:
         self.fw_input_names = list(fw_graph.input_names)
         bw_ph = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
         self.tangent_positions = [i for i, n in enumerate(bw_ph) if n.name.startswith("tangents_")]
-        self.tangent_names = [b for b, _ in tangents] if self.mode == "split" else []
+        # The joint graph's inputs: the forward's, then the backward's that
+        # no link names (renamed when taken), in order.
+        linked = {b for b, _ in saved} | {b for b, _ in links}
+        bw_in = list(bw_graph.input_names)
+        extra = list(graph.input_names)[len(self.fw_input_names):]
+        joint_name = dict(zip([n for n in bw_in if n not in linked], extra))
+        self.tangent_names = ([joint_name.get(bw_in[i], "") for i in self.tangent_positions]
+                              if self.mode == "split" else [])
         self.graph_kind = "training"
 
     def inference(self, graph: Any, gm: torch.fx.GraphModule, output_map: Sequence[int]) -> None:
@@ -195,7 +202,7 @@ class PipelineStep:
                              allow_random=o["allow_random"], batch_norm=o["batch_norm"],
                              trace=_simulated_trace(self.opts.trace))
         if self.mode == "split":
-            first, second = _C.split_phases(plan)
+            first, second, _carried = _C.split_phases(plan)
             programs = [first, second]
         else:
             programs = [plan.program]

@@ -173,8 +173,15 @@ def test_deferred_batch_norm_updates_running_stats_from_the_whole_batch() -> Non
     x, y = _batch("cnn", 0, 8)
     fast(x, y).backward()
     case.loss(eager(x), y).backward()
-    for (n, b), r in zip(model.named_buffers(), eager.buffers()):
-        torch.testing.assert_close(b, r, **TOL, msg=lambda m, n=n: f"{n}: {m}")
+    # bn1 sees the same input as eager: its running statistics, computed once
+    # from the whole batch, are eager's. bn2's input was normalised by bn1 per
+    # micro-batch (deferred batch norm's semantics, as in torchgpipe), so its
+    # statistics only move; every counter counts one step.
+    torch.testing.assert_close(model.bn1.running_mean, eager.bn1.running_mean, **TOL)
+    torch.testing.assert_close(model.bn1.running_var, eager.bn1.running_var, **TOL)
+    assert not torch.equal(model.bn2.running_mean, torch.zeros(16))
+    torch.testing.assert_close(model.bn2.running_mean, eager.bn2.running_mean, rtol=0.05, atol=1e-3)
+    assert int(model.bn1.num_batches_tracked) == int(model.bn2.num_batches_tracked) == 1
 
 
 def test_batch_norm_without_the_deferred_option_names_it() -> None:

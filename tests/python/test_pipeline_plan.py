@@ -129,3 +129,26 @@ def test_deferred_batch_norm_pipeline_updates_running_stats_from_the_whole_batch
     torch.nn.functional.batch_norm(xs[0], rm, rv, xs[2], xs[3], training=True, momentum=0.1)
     torch.testing.assert_close(got[2], rm, rtol=1e-5, atol=1e-6)  # %rm2
     torch.testing.assert_close(got[3], rv, rtol=1e-5, atol=1e-6)  # %rv2
+
+
+@pytest.mark.parametrize("checkpoint", ["always", "never"])
+def test_split_gpipe_step_run_in_two_calls_equals_the_unsplit_step(checkpoint: str) -> None:
+    """splitPhases (passes/split_phases.h): the forward part, then the
+    backward part fed the carried values, give the step's outputs."""
+    from modelpar import _C
+    plan = modelpar.plan_pipeline(modelpar.load_graph(STEP), devices=4, microbatches=4,
+                                  batch_size=8, schedule="gpipe", checkpoint=checkpoint)
+    first, second, carried = _C.split_phases(plan)
+    names = list(modelpar.load_graph(STEP).input_names)
+    values = dict(zip(names, inputs(8)))
+    ex1 = modelpar.Executor(first, devices="cpu-workers", threads_per_device=1)
+    out1 = dict(zip(first.graph.output_names, ex1.run([values[n] for n in first.graph.input_names])))
+    assert set(carried) <= set(out1)
+    values.update(out1)
+    ex2 = modelpar.Executor(second, devices="cpu-workers", threads_per_device=1)
+    out2 = dict(zip(second.graph.output_names,
+                    ex2.run([values[n] for n in second.graph.input_names])))
+    got = {**out1, **out2}
+    want = reference(8)
+    step_outputs = list(modelpar.load_graph(STEP).output_names)
+    assert_same([got[n] for n in step_outputs], want)
