@@ -373,10 +373,12 @@ def test_bad_options_raise_value_error_listing_valid_choices(options: dict, matc
         modelpar.resolve_options(options)
 
 
-@pytest.mark.parametrize("options", [{"pipeline": {"microbatches": 4}}])
-def test_later_options_are_accepted_but_not_yet_supported(options: dict) -> None:
-    with pytest.raises(modelpar.ConfigError, match="not yet supported"):
-        modelpar.resolve_options(options)
+def test_pipeline_option_gets_its_defaults() -> None:
+    o = modelpar.resolve_options({"devices": 2, "pipeline": {"microbatches": 8}})
+    assert o.planned
+    assert o.pipeline == {"microbatches": 8, "schedule": "gpipe", "partition": "balance-time",
+                          "checkpoint": "except_last", "portals": True, "batch_norm": "refuse",
+                          "allow_random": False, "loss_reduction": "auto"}
 
 
 def test_memory_device_map_and_trace_options_are_resolved() -> None:

@@ -182,11 +182,6 @@ def test_device_map_cpu_runs_on_cpu_workers_and_cuda_needs_a_gpu() -> None:
         fast(torch.randn(2, 16))
 
 
-def test_pipeline_is_still_refused() -> None:
-    with pytest.raises(modelpar.ConfigError, match="not yet supported"):
-        modelpar.resolve_options({"devices": 2, "pipeline": {"microbatches": 2}})
-
-
 @pytest.mark.parametrize("how", [{"options": {"devices": 2, "cuda_graphs": True}},
                                  {"mode": "reduce-overhead"}])
 def test_cuda_graphs_on_cpu_workers_run_the_twin_and_say_why(how: dict) -> None:
