@@ -26,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tolerances import Reordered
+
 __all__ = [
     "MLP", "SmallCNN", "UNet", "GPTConfig", "GPT", "InceptionNet", "LoopedConfig", "LoopedNet",
     "Case", "CASES",
@@ -226,6 +228,10 @@ class Case:
     make_model: Callable[[], nn.Module]
     batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (seed, batch size) -> (x, y)
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    # How far a reordered fp32 run may differ from eager (tests/python/tolerances.py): the
+    # longest sum in a step (hidden width, C*k*k, or the batch*positions a weight gradient or
+    # batch norm adds up) and the number of reductions in sequence (forward + backward layers).
+    tol: Reordered
     batch_size: int = 4
 
 
@@ -265,10 +271,17 @@ def _vector_batch(d_in: int, d_out: int | None) -> Callable[[int, int], tuple[to
 
 
 CASES: dict[str, Case] = {
-    "mlp": Case(MLP, _vector_batch(16, 4), F.mse_loss, batch_size=8),
-    "cnn": Case(SmallCNN, _images(3, 16, 10), F.cross_entropy),
-    "unet": Case(UNet, _unet_batch, F.cross_entropy, batch_size=2),
-    "gpt": Case(GPT, _gpt_batch, _gpt_loss),
-    "inception": Case(InceptionNet, _images(3, 8, 10), F.cross_entropy),
-    "looped": Case(LoopedNet, _vector_batch(16, None), F.mse_loss, batch_size=8),
+    # hidden width 32, batch 8; 3 linear layers, forward and backward
+    "mlp": Case(MLP, _vector_batch(16, 4), F.mse_loss, Reordered(32, depth=6), batch_size=8),
+    # conv1's weight gradient and bn1 sum over batch 4 x 16 x 16 = 1024; conv, conv, linear
+    "cnn": Case(SmallCNN, _images(3, 16, 10), F.cross_entropy, Reordered(1024, depth=6)),
+    # batch 2 x 16 x 16 = 512 positions; 13 convolutions on the longest path
+    "unet": Case(UNet, _unet_batch, F.cross_entropy, Reordered(512, depth=26), batch_size=2),
+    # MLP width 4 x 32 = 128 (batch 4 x 16 tokens = 64); 2 blocks of ~8 reductions + head
+    "gpt": Case(GPT, _gpt_batch, _gpt_loss, Reordered(128, depth=34)),
+    # batch 4 x 8 x 8 = 256 positions; stem, three convs of the deepest branch, fc
+    "inception": Case(InceptionNet, _images(3, 8, 10), F.cross_entropy, Reordered(256, depth=10)),
+    # width 16, batch 8; 3 looped linears + the output layer
+    "looped": Case(LoopedNet, _vector_batch(16, None), F.mse_loss, Reordered(16, depth=8),
+                   batch_size=8),
 }

