@@ -85,7 +85,7 @@ def main() -> int:
         rows.append(('torch.compile(backend="cudagraphs")',
                      step_ms(lambda: cg(gpu_idx), args.steps, args.repeats), ""))
     for replay in ("streams", "graphs"):
-        ex = modelpar.Executor(program, devices="cuda:0", replay=replay)
+        ex = modelpar.Executor(program, device_map="cuda:0", replay=replay)
         ms = step_ms(lambda: ex.run(inputs), args.steps, args.repeats)
         rows.append((f"modelpar Executor, {args.devices} logical devices on cuda:0, replay={replay}",
                      ms, ex.replay_status()["summary"]))

@@ -33,7 +33,7 @@
 #include <fmt/format.h>
 
 #include "ir/error.h"
-#include "passes/partition.h"
+#include "passes/pipeline/partition.h"
 
 namespace mp = modelpar::passes;
 
@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
           o.microbatches = 1000000;
           o.memory_bytes = static_cast<int64_t>(gb * 1e9);
           o.bandwidth_bytes_per_s = bw * 1e9;
-          Result blk = run(c, o, "balance-time"), pd = run(c, o, "pipedream"), md = run(c, o, "madpipe");
+          Result blk = run(c, o, "balance-time"), pd = run(c, o, "balance-time-comm"), md = run(c, o, "madpipe");
           double load = NAN;
           if (std::isfinite(md.period_ms)) {
             o.method = "madpipe";
@@ -255,7 +255,7 @@ int main(int argc, char** argv) {
     o.memory_bytes = static_cast<int64_t>(gb * 1e9);
     o.bandwidth_bytes_per_s = 12e9;
     Result best[4];
-    const char* methods[4] = {"balance-time", "pipedream", "madpipe", "madpipe"};
+    const char* methods[4] = {"balance-time", "balance-time-comm", "madpipe", "madpipe"};
     for (int k = 0; k < 4; ++k) {
       best[k].seconds = INFINITY;
       o.madpipe_pattern_time_limit_s = k == 2 ? 0 : 10;

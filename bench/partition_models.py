@@ -75,7 +75,7 @@ def main() -> None:
             memory = max(1, int(need * frac))
             for n in args.devices:
                 periods = {}
-                for method in ("balance-time", "pipedream", "madpipe"):
+                for method in ("balance-time", "balance-time-comm", "madpipe"):
                     try:
                         r = _C.partition_chain(graph, method, n, args.microbatches, memory,
                                                args.bandwidth, args.latency_us, "1f1b*")
@@ -87,7 +87,7 @@ def main() -> None:
                                    else f"{periods[m] / mad:.2f}")
                 print(f"| {name} | {len(chain)} | {total:.0f} | {memory / 2**20:.2f} MiB "
                       f"({frac:.0%}) | {n} | {fmt_us(periods['balance-time'])} | "
-                      f"{fmt_us(periods['pipedream'])} | {fmt_us(mad)} | {ratio('pipedream')} | "
+                      f"{fmt_us(periods['balance-time-comm'])} | {fmt_us(mad)} | {ratio('balance-time-comm')} | "
                       f"{ratio('balance-time')} |")
 
 

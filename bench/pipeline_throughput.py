@@ -86,7 +86,7 @@ def main() -> None:
                                (2, 8, "1f1b", "always")]:
         plan = modelpar.plan_pipeline(step, devices=n, microbatches=m, batch_size=args.batch,
                                       schedule=schedule, checkpoint=ck)
-        ex = modelpar.Executor(plan.program, devices="cpu-workers", threads_per_device=1)
+        ex = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)
         got = ex.run(list(inputs))
         want = modelpar.run_graph(step, inputs)
         for a, b in zip(got, want):

@@ -21,12 +21,12 @@
 
 #include <fmt/format.h>
 
-#include "passes/lower.h"
-#include "passes/pipeline.h"
-#include "passes/place_metf.h"
-#include "passes/place_msct.h"
-#include "passes/place_mtopo.h"
-#include "passes/simulate.h"
+#include "passes/lower/lower.h"
+#include "passes/lower/simulate.h"
+#include "passes/place/place_metf.h"
+#include "passes/place/place_msct.h"
+#include "passes/place/place_mtopo.h"
+#include "passes/plan_placement.h"
 #include "tests/passes/test_graphs.h"
 
 namespace mp = modelpar::passes;
@@ -182,10 +182,10 @@ void simulator(const Args& a) {
   // The whole pipeline (cost keeps the given costs; coarsen; m-ETF; lower;
   // simulate; verification after every pass) on the 10k-unit graph.
   modelpar::ir::Graph g10k = mp::testing::layeredDag(7, 100, 100);
-  mp::PlanOptions o;
+  mp::PlacementOptions o;
   o.machine = m;
   o.dump_dir = "";
-  mp::Plan plan = mp::plan(g10k, o);
+  mp::PlacementPlan plan = mp::planPlacement(g10k, o);
   std::printf("\nplan() on %zu nodes, m-ETF, 4 devices: step %s\n%s", g10k.numNodes(),
               mp::formatMicros(plan.stepTimeUs()).c_str(), plan.statsTable().c_str());
 }

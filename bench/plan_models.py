@@ -15,7 +15,7 @@ What it does:
    logical device): kernel samples (``mm`` of 64..512 squared: FLOP-bound;
    ``add`` of 1k..4M floats: bandwidth-bound; a 1-element ``relu``: launch
    overhead) and transfer samples (``clone`` of 4 KiB..16 MiB: what a CPU
-   worker's tx stream does) are fitted by ``passes/calibrate.h`` (least
+   worker's tx stream does) are fitted by ``passes/cost/calibrate.h`` (least
    squares, non-negative) into a one-device profile; ``plan_graph``
    replicates it to N devices. Transfers also pay a fixed hand-off of
    ``--handoff-us`` (default 20 us: the executor's measured send → clone →

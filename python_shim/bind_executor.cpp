@@ -60,10 +60,10 @@ py::list issues(const std::vector<runtime::CaptureIssue>& all) {
 void bindExecutor(py::module_& m) {
   py::class_<Executor>(m, "Executor",
                        "Runs a Program with one worker per logical device (runtime/executor.h).")
-      .def(py::init([](const ir::Program& p, const std::string& devices, int threads_per_device,
+      .def(py::init([](const ir::Program& p, const std::string& device_map, int threads_per_device,
                        bool record_trace, bool verify, const std::string& replay, int warmup_steps,
                        bool outputs_may_alias) {
-             runtime::DeviceMap map = runtime::DeviceMap::parse(devices, p.numDevices(), threads_per_device);
+             runtime::DeviceMap map = runtime::DeviceMap::parse(device_map, p.numDevices(), threads_per_device);
              runtime::ExecutorOptions o{.verify = verify, .record_trace = record_trace};
              o.replay = parseReplay(replay);
              o.warmup_steps = warmup_steps;
@@ -71,7 +71,7 @@ void bindExecutor(py::module_& m) {
              py::gil_scoped_release no_gil;
              return std::make_unique<Executor>(p, map, o);
            }),
-           py::arg("program"), py::kw_only(), py::arg("devices") = "cpu-workers",
+           py::arg("program"), py::kw_only(), py::arg("device_map") = "cpu-workers",
            py::arg("threads_per_device") = 0, py::arg("record_trace") = false,
            py::arg("verify") = true, py::arg("replay") = "streams", py::arg("warmup_steps") = 1,
            py::arg("outputs_may_alias") = false)
@@ -131,10 +131,10 @@ void bindExecutor(py::module_& m) {
         "Whether this build has the executor's CUDA devices.");
   m.def("cuda_device_count", &runtime::cudaDeviceCount);
   m.def("capture_issues",
-        [](const ir::Program& p, const std::string& devices) {
-          return issues(runtime::captureIssues(p, runtime::DeviceMap::parse(devices, p.numDevices())));
+        [](const ir::Program& p, const std::string& device_map) {
+          return issues(runtime::captureIssues(p, runtime::DeviceMap::parse(device_map, p.numDevices())));
         },
-        py::arg("program"), py::arg("devices"),
+        py::arg("program"), py::arg("device_map"),
         "Why the program on the device map cannot be captured into CUDA graphs "
         "(runtime/capture_check.h); needs no GPU.");
 }

@@ -1,6 +1,6 @@
 // modelpar._C.plan_graph and PlacementPlan: the model-parallel pass pipeline
-// (passes/pipeline.h) from Python. modelpar/planning.py wraps plan_graph
-// with argument parsing (memory strings, paths); the CLI and Plan.place use it.
+// (passes/plan_placement.h) from Python. modelpar/planning.py wraps plan_graph
+// with argument parsing (memory strings, paths); the CLI and PlacementPlan.place use it.
 #include <torch/csrc/utils/pybind.h>
 
 #ifdef MODELPAR_HAS_PASSES
@@ -13,17 +13,17 @@
 
 #include "ir/check.h"
 #include "ir/ir.h"
-#include "passes/calibrate.h"
-#include "passes/checkpoint.h"
-#include "passes/chrome_trace.h"
-#include "passes/cost_model.h"
-#include "passes/joint.h"
-#include "passes/microbatch.h"
-#include "passes/pipeline.h"
-#include "passes/pipeline_plan.h"
-#include "passes/partition.h"
-#include "passes/split_phases.h"
-#include "passes/layer_chain.h"
+#include "passes/cost/calibrate.h"
+#include "passes/cost/cost_model.h"
+#include "passes/lower/chrome_trace.h"
+#include "passes/pipeline/checkpoint.h"
+#include "passes/pipeline/layer_chain.h"
+#include "passes/pipeline/microbatch.h"
+#include "passes/pipeline/partition.h"
+#include "passes/pipeline/split_phases.h"
+#include "passes/plan_joint.h"
+#include "passes/plan_pipeline.h"
+#include "passes/plan_placement.h"
 
 namespace py = pybind11;
 
@@ -36,11 +36,11 @@ std::string nodeName(const ir::Graph& g, ir::NodeId n) {
   return node.outputs.empty() ? node.label : g.value(node.outputs[0]).name;
 }
 
-passes::PlanOptions planOptions(std::optional<int> devices, std::vector<int64_t> memory,
+passes::PlacementOptions planOptions(std::optional<int> devices, std::vector<int64_t> memory,
                                 std::string placer, bool coarsen,
                                 std::optional<std::string> dump_dir, double lp_time_limit_s,
                                 std::vector<std::pair<std::string, int>> pinned_layers) {
-  passes::PlanOptions o;
+  passes::PlacementOptions o;
   o.pinned_layers = std::move(pinned_layers);
   o.devices = devices;
   o.memory_bytes = std::move(memory);
@@ -52,29 +52,29 @@ passes::PlanOptions planOptions(std::optional<int> devices, std::vector<int64_t>
   return o;
 }
 
-passes::Plan planGraph(const ir::Graph& g, std::optional<int> devices,
+passes::PlacementPlan planGraph(const ir::Graph& g, std::optional<int> devices,
                        std::vector<int64_t> memory, std::string placer,
                        std::optional<std::string> machine, bool coarsen,
                        std::optional<std::string> dump_dir, double lp_time_limit_s,
                        std::vector<std::pair<std::string, int>> pinned_layers) {
-  passes::PlanOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
+  passes::PlacementOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
                                       std::move(dump_dir), lp_time_limit_s,
                                       std::move(pinned_layers));
   py::gil_scoped_release no_gil;
   if (machine) o.machine = passes::DeviceModel::load(*machine);
-  return passes::plan(g, o);
+  return passes::planPlacement(g, o);
 }
 
 // passes::planJoint: (joint plan, forward plan, backward plan, backward nodes
 // moved to their layer's forward device, gradient producers moved).
-std::tuple<passes::Plan, passes::Plan, passes::Plan, int64_t, int64_t> planJoint(
+std::tuple<passes::PlacementPlan, passes::PlacementPlan, passes::PlacementPlan, int64_t, int64_t> planJoint(
     const ir::Graph& fw, const ir::Graph& bw,
     const std::vector<std::pair<std::string, std::string>>& saved,
     const std::vector<std::pair<std::string, std::string>>& tangents,
     const std::vector<std::pair<int, int>>& gradients, std::optional<int> devices,
     std::vector<int64_t> memory, std::string placer, std::optional<std::string> machine,
     bool coarsen, std::optional<std::string> dump_dir, double lp_time_limit_s) {
-  passes::PlanOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
+  passes::PlacementOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
                                       std::move(dump_dir), lp_time_limit_s, {});
   passes::JointPlanOptions jo;
   for (const auto& [b, f] : saved) jo.saved.push_back({b, f});
@@ -118,26 +118,25 @@ std::tuple<ir::Graph, std::vector<std::string>, std::vector<std::string>> joinSt
   return {std::move(jg.graph), std::move(fw_names), std::move(bw_names)};
 }
 
-}  // namespace
-
-void bindPlan(py::module_& m) {
-  using passes::Plan;
-  py::class_<Plan>(m, "PlacementPlan",
-                   "A model-parallel plan of one graph (passes/pipeline.h): the lowered Program, "
+// PlacementPlan, plan_graph, plan_joint, join_step: model parallelism.
+void bindPlacement(py::module_& m) {
+  using passes::PlacementPlan;
+  py::class_<PlacementPlan>(m, "PlacementPlan",
+                   "A model-parallel plan of one graph (passes/plan_placement.h): the lowered Program, "
                    "the placement, the simulated step and the pass statistics. str() is the "
                    "summary.")
-      .def("summary", &Plan::summary)
-      .def("__str__", &Plan::summary)
-      .def("__repr__", [](const Plan& p) {
+      .def("summary", &PlacementPlan::summary)
+      .def("__str__", &PlacementPlan::summary)
+      .def("__repr__", [](const PlacementPlan& p) {
         return c10::str("<modelpar.PlacementPlan @", p.program.graph().name(), ": ",
                         p.placement.placer, " on ", p.placement.num_devices, " devices, step ",
                         passes::formatMicros(p.stepTimeUs()), ">");
       })
-      .def_property_readonly("program", [](const Plan& p) { return p.program; },
+      .def_property_readonly("program", [](const PlacementPlan& p) { return p.program; },
                              "The lowered Program (a copy): devices, costs, send/recv/free.")
       .def_property_readonly(
           "placement",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             py::dict d;
             const ir::Graph& g = p.program.graph();
             for (size_t n = 0; n < g.numNodes(); ++n) {
@@ -148,7 +147,7 @@ void bindPlan(py::module_& m) {
           "dict: node name (its first output, or its label) -> device.")
       .def_property_readonly(
           "layer_devices",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             py::dict d;
             const ir::Graph& g = p.program.graph();
             for (size_t n = 0; n < g.numNodes(); ++n) {
@@ -161,7 +160,7 @@ void bindPlan(py::module_& m) {
           "dict: layer -> the device of its first node in graph order.")
       .def_property_readonly(
           "order",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             std::vector<std::vector<std::string>> out;
             for (const auto& ord : p.placement.order) {
               out.emplace_back();
@@ -172,7 +171,7 @@ void bindPlan(py::module_& m) {
           "Per device, the node names in execution order.")
       .def_property_readonly(
           "value_devices",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             py::dict d;
             const ir::Graph& g = p.program.graph();
             for (const ir::Input& in : g.inputs()) {
@@ -188,7 +187,7 @@ void bindPlan(py::module_& m) {
           "dict: every value name (inputs and node outputs) -> the device it is made on.")
       .def_property_readonly(
           "input_devices",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             py::dict d;
             const ir::Graph& g = p.program.graph();
             for (const ir::Input& in : g.inputs()) {
@@ -197,24 +196,24 @@ void bindPlan(py::module_& m) {
             return d;
           },
           "dict: graph input name -> the device it is bound on.")
-      .def_property_readonly("placer", [](const Plan& p) { return p.placement.placer; })
-      .def_property_readonly("num_devices", [](const Plan& p) { return p.placement.num_devices; })
-      .def_property_readonly("num_units", [](const Plan& p) { return p.units.num_units; })
-      .def_property_readonly("step_time_us", &Plan::stepTimeUs, "Simulated step time.")
+      .def_property_readonly("placer", [](const PlacementPlan& p) { return p.placement.placer; })
+      .def_property_readonly("num_devices", [](const PlacementPlan& p) { return p.placement.num_devices; })
+      .def_property_readonly("num_units", [](const PlacementPlan& p) { return p.units.num_units; })
+      .def_property_readonly("step_time_us", &PlacementPlan::stepTimeUs, "Simulated step time.")
       .def_property_readonly("single_device_us",
-                             [](const Plan& p) { return p.single_device_us; },
+                             [](const PlacementPlan& p) { return p.single_device_us; },
                              "The step on one device: the sum of node times.")
-      .def_property_readonly("speedup", &Plan::speedup)
+      .def_property_readonly("speedup", &PlacementPlan::speedup)
       .def_property_readonly("estimated_makespan_us",
-                             [](const Plan& p) { return p.placement.makespan_us; },
+                             [](const PlacementPlan& p) { return p.placement.makespan_us; },
                              "The placer's own estimate of the step.")
-      .def_property_readonly("units_per_device", &Plan::unitsPerDevice)
-      .def_property_readonly("nodes_per_device", &Plan::nodesPerDevice)
+      .def_property_readonly("units_per_device", &PlacementPlan::unitsPerDevice)
+      .def_property_readonly("nodes_per_device", &PlacementPlan::nodesPerDevice)
       .def_property_readonly("num_transfers",
-                             [](const Plan& p) { return p.simulation.num_transfers; })
+                             [](const PlacementPlan& p) { return p.simulation.num_transfers; })
       .def_property_readonly(
           "peak_bytes",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             std::vector<int64_t> v;
             for (const auto& d : p.simulation.devices) v.push_back(d.peak_bytes);
             return v;
@@ -222,21 +221,21 @@ void bindPlan(py::module_& m) {
           "Simulated peak memory per device.")
       .def_property_readonly(
           "capacity_bytes",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             std::vector<int64_t> v;
             for (const auto& d : p.machine.devices()) v.push_back(d.memory_bytes);
             return v;
           })
       .def_property_readonly(
           "compute_busy_us",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             std::vector<double> v;
             for (const auto& d : p.simulation.devices) v.push_back(d.compute_busy_us);
             return v;
           })
       .def_property_readonly(
           "stats",
-          [](const Plan& p) {
+          [](const PlacementPlan& p) {
             py::list rows;
             for (const passes::PassStats& s : p.stats) {
               py::dict r;
@@ -253,15 +252,15 @@ void bindPlan(py::module_& m) {
             return rows;
           },
           "One dict per pass: pass, seconds, verify_seconds, in, in_what, out, out_what, detail.")
-      .def("stats_table", &Plan::statsTable)
+      .def("stats_table", &PlacementPlan::statsTable)
       .def_property_readonly("machine_json",
-                             [](const Plan& p) { return p.machine.toJson().dump(2); },
+                             [](const PlacementPlan& p) { return p.machine.toJson(2); },
                              "The machine planned for, as a profile (JSON text).")
-      .def("trace", [](const Plan& p) { return passes::toChromeTrace(p.program, p.simulation); },
+      .def("trace", [](const PlacementPlan& p) { return passes::toChromeTrace(p.program, p.simulation); },
            "The Chrome / Perfetto trace JSON of the simulated step.")
       .def(
           "write_trace",
-          [](const Plan& p, const std::string& path) {
+          [](const PlacementPlan& p, const std::string& path) {
             passes::writeChromeTrace(path, p.program, p.simulation);
           },
           py::arg("path"),
@@ -276,18 +275,14 @@ void bindPlan(py::module_& m) {
         py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"), py::arg("lp_time_limit_s"),
         "passes::planJoint: forward and backward planned as one, split into one plan each; "
         "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
-  m.def(
-      "split_phases",
-      [](const passes::PipelinePlan& p) {
-        passes::PhaseSplit s = passes::splitPhases(p.graph, p.placement);
-        return py::make_tuple(std::move(s.first), std::move(s.second), std::move(s.carried));
-      },
-      py::arg("plan"),
-      "passes::splitPhases of a PipelinePlan: (first Program, second Program, carried names).");
   m.def("join_step", &joinStep, py::arg("forward"), py::arg("backward"), py::arg("saved"),
         py::arg("tangents"), py::arg("keep_forward_outputs"),
         "passes::joinForwardBackward returning the first keep_forward_outputs forward outputs and "
         "every backward output: (graph, forward output names, backward output names).");
+}
+
+// Machines and costs: parse_bytes, format_bytes, calibrated_machine, apply_profile.
+void bindMachine(py::module_& m) {
   m.def("parse_bytes", [](const std::string& text) { return passes::parseBytes(text); },
         py::arg("text"));
   m.def("format_bytes", &passes::formatBytes, py::arg("bytes"));
@@ -306,11 +301,11 @@ void bindPlan(py::module_& m) {
         passes::DeviceSpec dev = passes::calibrateDevice(ks, base);
         passes::LinkSpec link = passes::calibrateLink(ts);
         link.latency_us += extra_latency_us;
-        return passes::DeviceModel::fromDevices({dev}, link).toJson().dump(2);
+        return passes::DeviceModel::fromDevices({dev}, link).toJson(2);
       },
       py::arg("kernels"), py::arg("transfers"), py::arg("memory_bytes"), py::arg("name"),
       py::arg("extra_latency_us"),
-      "A one-device machine profile (JSON text) fitted by passes/calibrate.h: kernels are "
+      "A one-device machine profile (JSON text) fitted by passes/cost/calibrate.h: kernels are "
       "(bytes, flops, time_us) samples, transfers (bytes, time_us); extra_latency_us is added to "
       "the fitted link latency.");
   m.def(
@@ -322,7 +317,11 @@ void bindPlan(py::module_& m) {
       },
       py::arg("graph"), py::arg("time_us"),
       "A copy of graph with measured node times (one per node; < 0: none) stored as its "
-      "profiled costs (passes/cost_model.h applyProfile).");
+      "profiled costs (passes/cost/cost_model.h applyProfile).");
+}
+
+// What a graph or program holds, for the Python side: input specs, run nodes, layers.
+void bindGraphQueries(py::module_& m) {
   m.def(
       "graph_input_specs",
       [](const ir::Graph& g) {
@@ -365,6 +364,19 @@ void bindPlan(py::module_& m) {
       },
       py::arg("program"), "Per device, per instruction: the node id a run runs, -1 otherwise.");
   m.def(
+      "node_layers",
+      [](const ir::Graph& g) {
+        std::vector<std::string> out;
+        for (const ir::Node& n : g.nodes()) out.push_back(n.layer);
+        return out;
+      },
+      py::arg("graph"), "The layer of every node, in node order.");
+}
+
+// Pipeline parallelism: microbatch, checkpoint, layer_chain, partition_chain,
+// PipelinePlan, plan_pipeline, split_phases, microbatch_sizes.
+void bindPipeline(py::module_& m) {
+  m.def(
       "microbatch",
       [](const ir::Graph& g, int microbatches, std::optional<int64_t> batch_size,
          std::string batch_symbol, std::vector<std::pair<std::string, int>> batch_dims,
@@ -403,17 +415,9 @@ void bindPlan(py::module_& m) {
       py::arg("graph"), py::arg("stage_of_node"), py::arg("mode"),
       "passes::checkpoint -> (graph, stage_of_node, [(stage, mb, [node names])]); see "
       "modelpar.checkpoint.");
-  m.def(
-      "node_layers",
-      [](const ir::Graph& g) {
-        std::vector<std::string> out;
-        for (const ir::Node& n : g.nodes()) out.push_back(n.layer);
-        return out;
-      },
-      py::arg("graph"), "The layer of every node, in node order.");
   py::class_<passes::PipelinePlan>(
       m, "PipelinePlan",
-      "A pipeline-parallel plan of one training step (passes/pipeline_plan.h): the lowered "
+      "A pipeline-parallel plan of one training step (passes/plan_pipeline.h): the lowered "
       "Program, the layer chain and its partition into stages, the simulated step and the "
       "pass statistics. str() is the summary.")
       .def("summary", &passes::PipelinePlan::summary)
@@ -566,10 +570,24 @@ void bindPlan(py::module_& m) {
       py::arg("schedule"), py::arg("partition"), py::arg("checkpoint"), py::arg("portals"),
       py::arg("memory"), py::arg("machine"), py::arg("loss_reduction"), py::arg("allow_random"),
       py::arg("batch_norm") = "refuse", "passes::planPipeline; see modelpar.plan_pipeline.");
+  m.def(
+      "split_phases",
+      [](const passes::PipelinePlan& p) {
+        passes::PhaseSplit s = passes::splitPhases(p.graph, p.placement);
+        return py::make_tuple(std::move(s.first), std::move(s.second), std::move(s.carried));
+      },
+      py::arg("plan"),
+      "passes::splitPhases of a PipelinePlan: (first Program, second Program, carried names).");
   m.def("microbatch_sizes", &passes::microbatchSizes, py::arg("batch"), py::arg("microbatches"));
-  m.def("plan_placers", [] {
-    return std::vector<std::string>(std::begin(passes::kPlacerNames), std::end(passes::kPlacerNames));
-  });
+}
+
+}  // namespace
+
+void bindPlan(py::module_& m) {
+  bindPlacement(m);
+  bindMachine(m);
+  bindGraphQueries(m);
+  bindPipeline(m);
 }
 
 }  // namespace modelpar

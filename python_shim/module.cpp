@@ -18,7 +18,8 @@ namespace modelpar {
 void bindCompile(py::module_& m);  // bind_compile.cpp: CompiledGraph (torch.compile backend)
 void bindBackend(py::module_& m);  // bind_backend.cpp: the modelpar device
 void bindExecutor(py::module_& m);  // bind_executor.cpp: Executor (multi-device runtime)
-void bindPlan(py::module_& m);  // bind_plan.cpp: plan_graph, PlacementPlan (passes/pipeline.h)
+void bindPlan(py::module_& m);  // bind_plan.cpp: plan_graph, PlacementPlan (passes/plan_placement.h)
+void bindPasses(py::module_& m);  // bind_passes.cpp: run_passes (passes/pass_registry.h)
 }  // namespace modelpar
 
 namespace modelpar {
@@ -143,4 +144,5 @@ PYBIND11_MODULE(_C, m) {
   bindBackend(m);
   bindExecutor(m);
   bindPlan(m);
+  bindPasses(m);
 }

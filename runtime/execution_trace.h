@@ -1,6 +1,6 @@
 // ExecutionTrace: measured start/end times of every instruction of one
 // executed step, per device, and its Chrome / Perfetto trace (the same layout
-// as passes/chrome_trace.h's simulated one, so the two open side by side).
+// as passes/lower/chrome_trace.h's simulated one, so the two open side by side).
 #pragma once
 
 #include <cstdint>

@@ -5,7 +5,7 @@
 #   1. here, once (needs apt-get, no GPU):
 #        bash scripts/gpu_check.sh --fetch-debs
 #      downloads the Debian packages the build needs and the GPU image lacks
-#      (fmt, GoogleTest) into .device-debs/ (git-ignored; carried by the run).
+#      (fmt, GoogleTest, nlohmann-json) into .device-debs/ (git-ignored; carried by the run).
 #   2. on the GPU machine, from the repository root (the checkout the session
 #      was started in travels, so commit or check out this branch there):
 #        run(command="bash scripts/gpu_check.sh", carry=[".device-debs"], timeout_s=600)
@@ -29,7 +29,7 @@ if [ "${1:-}" = "--fetch-debs" ]; then
   mkdir -p "$debs" /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   apt-get $o update -qq
-  (cd "$debs" && apt-get $o download libfmt-dev libfmt9 libgtest-dev)
+  (cd "$debs" && apt-get $o download libfmt-dev libfmt9 libgtest-dev nlohmann-json3-dev)
   ls -l "$debs"
   exit 0
 fi

@@ -6,7 +6,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
-debs=(libgtest-dev libgmock-dev libfmt-dev libbenchmark-dev ninja-build ccache
+debs=(libgtest-dev libgmock-dev libfmt-dev libbenchmark-dev nlohmann-json3-dev ninja-build ccache
       coinor-libclp-dev coinor-libcbc-dev pkg-config)
 missing=()
 for p in "${debs[@]}"; do

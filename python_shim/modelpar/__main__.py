@@ -3,9 +3,12 @@
 Commands:
   demo   run the hand-written 2-device pipeline example (see ``modelpar.demo``)
   plan   place an IR graph on N devices, simulate the step, print the summary
+  opt    run named passes on an IR file and print the IR they leave (like mlir-opt)
 
 Example:
   python -m modelpar plan examples/ir/mlp_step.txt --devices 2 --placer m-etf --trace step.json
+  python -m modelpar opt --pass cost:devices=2 --pass place-metf:devices=2 --pass lower g.txt
+  python -m modelpar opt --list
 
 Errors of modelpar (a bad option, a graph that does not parse, a plan that
 does not fit) print one line on stderr and exit with status 1.
@@ -40,6 +43,35 @@ def _plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def _opt(args: argparse.Namespace) -> int:
+    import modelpar
+    from modelpar import _C
+
+    if args.list:
+        for name, reads, help_text in _C.registered_passes():
+            print(f"{name:<12} {reads:<8} {help_text}")
+        return 0
+    if args.ir is None or not args.passes:
+        print("python -m modelpar opt: error: give an IR file and at least one --pass "
+              "(--list shows the passes)", file=sys.stderr)
+        return 2
+    try:
+        text = sys.stdin.read() if args.ir == "-" else open(args.ir, encoding="utf-8").read()
+        out = _C.run_passes(text, args.passes, dump_dir=args.dump_dir, verify=not args.no_verify)
+    except (modelpar.Error, OSError) as e:
+        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+        if isinstance(e, OSError) and e.filename is not None:
+            message = f"cannot read '{e.filename}': {e.strerror}"
+        print(f"python -m modelpar opt: error: {message}", file=sys.stderr)
+        return 1
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(out)
+    else:
+        print(out, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modelpar", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -68,12 +100,28 @@ def main(argv: list[str] | None = None) -> int:
                       help="write the IR after every pass there (default: $MODELPAR_DUMP_DIR)")
     plan.add_argument("--lp-time-limit", type=float, default=20.0,
                       help="m-SCT's LP time limit in seconds (default 20)")
+    opt = sub.add_parser(
+        "opt", help="run named passes on an IR file and print the IR they leave",
+        description="Runs passes by name, in order, on an IR graph or program (ir/README.md), "
+                    "verifying the IR after each, and prints the IR the last one leaves. A pass "
+                    "is NAME or NAME:key=value,key=value; --list shows them.")
+    opt.add_argument("ir", nargs="?", help="IR text file ('-' reads standard input)")
+    opt.add_argument("--pass", dest="passes", action="append", default=[],
+                     help="a pass to run, e.g. cost:devices=2 (repeat for more)")
+    opt.add_argument("--list", action="store_true", help="list the passes and their options")
+    opt.add_argument("-o", "--output", default=None, help="write the IR there instead of stdout")
+    opt.add_argument("--dump-dir", default=None,
+                     help="write the IR after every pass there (default: $MODELPAR_DUMP_DIR)")
+    opt.add_argument("--no-verify", action="store_true",
+                     help="do not verify the IR after each pass")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from modelpar.demo import run_demo
         return run_demo(out_dir=args.out, seed=args.seed)
     if args.command == "plan":
         return _plan(args)
+    if args.command == "opt":
+        return _opt(args)
     return 2
 
 

@@ -372,7 +372,7 @@ class _Capture:
         joins them into one IR graph (the backward's saved-value
         placeholders *are* the forward values of the same FX name; tangents
         are inputs), plans it once with plan() and splits the placement
-        (passes/joint.h): a layer's backward runs on its forward's device
+        (passes/plan_joint.h): a layer's backward runs on its forward's device
         (coarsening groups a layer's nodes across phases; planJoint moves any
         that are not), each gradient is produced on its parameter's device,
         and the backward's input for a saved value is bound on the device
@@ -401,7 +401,7 @@ class _Capture:
                                    dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:
             self.layer_device.update(placement.layer_devices)
-        ex = Executor(placement.program, devices=self.opts.executor_devices, threads_per_device=1,
+        ex = Executor(placement.program, device_map=self.opts.executor_device_map, threads_per_device=1,
                       record_trace=self.opts.trace is not None,
                       replay="graphs" if self.opts.cuda_graphs else "streams")
         self.executors[kind.value] = ex

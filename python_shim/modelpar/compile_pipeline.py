@@ -5,7 +5,7 @@ AOTAutograd hands the backend a forward graph (it returns the user's
 outputs, then the values it saves) and a backward graph (saved values and
 the outputs' gradients, the tangents, in; one gradient per input out), and
 calls them separately: the user's code runs between them. The pipeline
-passes (passes/pipeline_plan.h) need the training step as one graph, so the
+passes (passes/plan_pipeline.h) need the training step as one graph, so the
 partitioner hook joins the two (``_C.join_step``: a saved value *is* the
 forward value of its name) and pipelines the joint graph per batch size, at
 the first call with that size (its symbol is the value the passes split):
@@ -22,7 +22,7 @@ the first call with that size (its symbol is the value the passes split):
 * **split** mode, when the loss is computed outside (the forward returns
   predictions): only fill-drain is possible (GPipe): the tangents stay
   inputs, the pipelined step is split into the part before the backward and
-  the rest (passes/split_phases.h); the forward call runs the first and keeps
+  the rest (passes/pipeline/split_phases.h); the forward call runs the first and keeps
   the values the second reads (on the devices that made them); the backward
   call runs the second with the tangents. 1F1B needs the loss inside, and
   asking for it here is a ConfigError saying so.
@@ -206,7 +206,7 @@ class PipelineStep:
             programs = [first, second]
         else:
             programs = [plan.program]
-        executors = [Executor(p, devices=self.opts.executor_devices, threads_per_device=1,
+        executors = [Executor(p, device_map=self.opts.executor_device_map, threads_per_device=1,
                               record_trace=self.opts.trace is not None,
                               replay="graphs" if self.opts.cuda_graphs else "streams")
                      for p in programs]

@@ -114,7 +114,7 @@ def _pipeline_demo(ex: Path, out: Path) -> bool:
     inputs = [torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g),
               torch.randn(16, 32, generator=g) * 0.3, torch.randn(32, 32, generator=g) * 0.2,
               torch.randn(32, 32, generator=g) * 0.2, torch.randn(32, 4, generator=g) * 0.3]
-    got = modelpar.Executor(plan.program, devices="cpu-workers", threads_per_device=1).run(inputs)
+    got = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1).run(inputs)
     want = modelpar.run_graph(step, inputs)
     diff = max((a - b).abs().max().item() for a, b in zip(got, want))
     good = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(got, want))

@@ -22,8 +22,8 @@ def cuda_devices_built() -> bool:
     return bool(_C.cuda_devices_built())
 
 
-def capture_issues(program: Program, devices: Union[str, Sequence[str]]) -> list[dict]:
-    """Why ``program`` on ``devices`` cannot be captured into CUDA graphs: a
+def capture_issues(program: Program, device_map: Union[str, Sequence[str]]) -> list[dict]:
+    """Why ``program`` on ``device_map`` cannot be captured into CUDA graphs: a
     list of ``{"device", "instruction", "what"}`` (device/instruction -1 when
     the reason is not one instruction's); empty when it can. Needs no GPU:
     ``capture_issues(p, "cuda:0")`` answers for one GPU on any machine.
@@ -31,7 +31,7 @@ def capture_issues(program: Program, devices: Union[str, Sequence[str]]) -> list
     Raises:
         ConfigError: a bad device map.
     """
-    spec = devices if isinstance(devices, str) else ",".join(str(d) for d in devices)
+    spec = device_map if isinstance(device_map, str) else ",".join(str(d) for d in device_map)
     return list(_C.capture_issues(program, spec))
 
 
@@ -41,7 +41,9 @@ class Executor:
 
     Args:
         program: the Program (one instruction list per logical device).
-        devices: ``"cpu-workers"`` (one CPU worker thread per logical device),
+        device_map: where the logical devices run (the name torch.compile's
+            ``device_map`` option uses; ``devices`` elsewhere is a count):
+            ``"cpu-workers"`` (one CPU worker thread per logical device),
             ``"cuda"`` (logical device i on ``cuda:i``), ``"cuda:K"`` (all on
             GPU K, each with its own streams), or one device per logical
             device (``["cuda:0", "cuda:1"]`` or ``"cuda:0,cuda:1"``).
@@ -70,14 +72,14 @@ class Executor:
 
     Example::
 
-        ex = modelpar.Executor(program, devices="cpu-workers", threads_per_device=1)
+        ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
         loss, w1, w2 = ex.run([x, y, w1, w2])
     """
 
     def __init__(
         self,
         program: Program,
-        devices: Union[str, Sequence[str]] = "cpu-workers",
+        device_map: Union[str, Sequence[str]] = "cpu-workers",
         *,
         threads_per_device: int = 0,
         record_trace: bool = False,
@@ -86,10 +88,10 @@ class Executor:
         warmup_steps: int = 1,
         outputs_may_alias: bool = False,
     ) -> None:
-        spec = devices if isinstance(devices, str) else ",".join(str(d) for d in devices)
+        spec = device_map if isinstance(device_map, str) else ",".join(str(d) for d in device_map)
         self._ex = _C.Executor(
             program,
-            devices=spec,
+            device_map=spec,
             threads_per_device=threads_per_device,
             record_trace=record_trace,
             verify=verify,

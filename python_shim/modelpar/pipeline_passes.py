@@ -1,8 +1,8 @@
 """Pipeline-parallel graph rewrites from Python: ``microbatch`` splits a
 training-step graph into micro-batches whose combined result is the full
-batch's (passes/microbatch.h), and ``checkpoint`` makes the backward of
+batch's (passes/pipeline/microbatch.h), and ``checkpoint`` makes the backward of
 chosen (stage, micro-batch) pairs read recomputed forward values instead of
-stored ones (passes/checkpoint.h).
+stored ones (passes/pipeline/checkpoint.h).
 
 Example::
 
@@ -26,8 +26,8 @@ from .ir import Graph
 __all__ = ["CHECKPOINT_MODES", "CheckpointResult", "PARTITION_METHODS", "PIPELINE_SCHEDULES",
            "PipelinePlan", "checkpoint", "microbatch", "microbatch_sizes", "plan_pipeline"]
 
-#: The checkpoint modes, by name (torchgpipe's ``checkpoint=`` values).
-CHECKPOINT_MODES: tuple[str, ...] = ("always", "except_last", "never")
+# The option values, defined once in C++ (passes/option_names.h).
+from .option_names import CHECKPOINT_MODES, PARTITION_METHODS, PIPELINE_SCHEDULES  # noqa: E402
 
 
 def _require() -> None:
@@ -52,7 +52,7 @@ def microbatch(graph: Graph, microbatches: int, batch_size: int, *, batch_symbol
                loss_reduction: str = "auto", allow_random: bool = False,
                batch_norm: str = "refuse") -> Graph:
     """Splits a training-step graph with a symbolic batch dimension into
-    micro-batches (passes/microbatch.h): per micro-batch copies (``mb=k``)
+    micro-batches (passes/pipeline/microbatch.h): per micro-batch copies (``mb=k``)
     of every node that depends on the batch, inputs sliced with
     ``aten::narrow``, outputs with the batch dimension concatenated,
     parameter gradients accumulated and the loss combined as Σ w_k·loss_k
@@ -101,7 +101,7 @@ class CheckpointResult(NamedTuple):
 
 def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
                mode: str = "except_last") -> CheckpointResult:
-    """Checkpointing of a micro-batched graph (passes/checkpoint.h): for each
+    """Checkpointing of a micro-batched graph (passes/pipeline/checkpoint.h): for each
     checkpointed (stage, micro-batch), the forward nodes whose results its
     backward reads are recomputed (``phase=recompute``) from the stage's
     inputs, and the backward reads the copies; random ops (dropout masks)
@@ -132,8 +132,7 @@ def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
 
 
 #: The pipeline schedules and partition methods plan_pipeline knows.
-PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "1f1b*")
-PARTITION_METHODS: tuple[str, ...] = ("balance-time", "balance-size", "pipedream", "madpipe")
+
 
 #: A pipeline plan (C++ passes::PipelinePlan): ``str(p)`` is its summary; see
 #: ``program``, ``num_stages``, ``stage_of_layer``, ``stage_device``,
@@ -149,7 +148,7 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                   memory=None, machine: str | None = None, loss_reduction: str = "auto",
                   allow_random: bool = False, batch_norm: str = "refuse",
                   trace: str | None = None):
-    """Plans a training step pipeline-parallel (passes/pipeline_plan.h):
+    """Plans a training step pipeline-parallel (passes/plan_pipeline.h):
     the step is split into ``microbatches`` micro-batches, its layers are
     cut into stages by ``partition`` (torchgpipe's balance by time or size,
     PipeDream's DP, or MadPipe's memory-aware DP), ``checkpoint`` decides
@@ -166,7 +165,7 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         microbatches: m (torch.chunk's rule may give fewer).
         batch_size: B, the full batch size.
         schedule: ``"gpipe"``, ``"1f1b"`` or ``"1f1b*"`` (``madpipe`` needs ``"1f1b*"``).
-        partition: ``"balance-time"``, ``"balance-size"``, ``"pipedream"`` or ``"madpipe"``.
+        partition: ``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"`` or ``"madpipe"``.
         checkpoint: ``"always"``, ``"except_last"`` or ``"never"``.
         portals: skip values go straight to their readers (True) or through
             every stage between (False, torchgpipe without portals).

@@ -36,7 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from ._C import Graph, graph_input_roles, graph_nodes
+from .errors import ConfigError
 from .options import CompileOptions
+from .planning import CapturedPlacement, plan_graph
 
 __all__ = ["Plan", "GraphRecord", "plans", "clear_plans"]
 
@@ -192,7 +194,7 @@ class Plan:
         where = {g.runs_on for g in self.graphs.values()}
         if where == {"modelpar"}:
             if self.options.planned:
-                on = self.options.executor_devices
+                on = self.options.executor_device_map
                 what = "CPU worker devices" if on == "cpu-workers" else f"devices on {on}"
                 return (f"modelpar executor, {self.options.devices} {what} "
                         f"({self.options.placer or 'm-etf'})")
@@ -218,19 +220,37 @@ class Plan:
         return paths
 
     def place(self, devices: int | None = None, memory=None, placer: str = "m-etf",
-              machine: str | os.PathLike[str] | None = None, **kwargs):
+              machine: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
+              trace_dir: str | os.PathLike[str] | None = None,
+              dump_dir: str | os.PathLike[str] | None = None,
+              lp_time_limit_s: float = 20.0) -> CapturedPlacement:
         """Plans this plan's graphs model-parallel on ``devices`` logical
-        devices and simulates them (``modelpar.planning.place_captured``;
-        the arguments are ``modelpar.plan_graph``'s). Returns a
+        devices and simulates them, each graph on its own (the arguments are
+        ``modelpar.plan_graph``'s; ``trace_dir`` receives
+        ``<plan name>.<kind>.trace.json`` per graph). Returns a
         ``CapturedPlacement``: ``print()`` it for the summary of each graph.
 
         Raises:
             ConfigError: a bad option, or no graph of this plan was imported.
             PlanDoesNotFitError: a graph does not fit the memory.
         """
-        from .planning import place_captured
-        return place_captured(self, devices=devices, memory=memory, placer=placer,
-                              machine=machine, **kwargs)
+        out = CapturedPlacement(self.index, self.function)
+        for kind, rec in self.graphs.items():
+            if rec.graph is None:
+                continue
+            trace = None
+            if trace_dir is not None:
+                Path(trace_dir).mkdir(parents=True, exist_ok=True)
+                trace = Path(trace_dir) / f"{self.name}.{kind}.trace.json"
+            out.plans[kind] = plan_graph(rec.graph, devices=devices, memory=memory, placer=placer,
+                                         machine=machine, trace=trace, coarsen=coarsen,
+                                         dump_dir=dump_dir, lp_time_limit_s=lp_time_limit_s)
+        if not out.plans:
+            reasons = "; ".join(f"{k}: {r.reason}" for k, r in self.graphs.items())
+            raise ConfigError(f"modelpar plan: plan {self.index} ({self.function}) has no graph "
+                              f"modelpar imported, so there is nothing to place "
+                              f"({reasons or 'no graphs'})")
+        return out
 
     def summary(self) -> str:
         head = f"modelpar plan {self.index}: {self.function} ({self.filename}:{self.line})"

@@ -1,9 +1,10 @@
 """Model-parallel plans from Python: ``plan_graph`` runs the pass pipeline of
-``passes/pipeline.h`` (cost → coarsen → m-TOPO | m-ETF | m-SCT → lower →
-simulate) on an IR graph, and ``place_captured`` does it for the graphs a
-``torch.compile`` plan holds (``modelpar.plans()[-1].place(devices=4)``).
+``passes/plan_placement.h`` (cost → coarsen → m-TOPO | m-ETF | m-SCT → lower →
+simulate) on an IR graph; ``Plan.place`` (modelpar/plan.py) does it for the
+graphs a ``torch.compile`` plan holds (``modelpar.plans()[-1].place(devices=4)``).
+This module never imports modelpar/plan.py (plan.py imports it).
 ``plan_joint`` places a training step's forward and backward graphs as one
-(passes/joint.h; what ``torch.compile`` with ``devices`` > 1 runs).
+(passes/plan_joint.h; what ``torch.compile`` with ``devices`` > 1 runs).
 
 Example::
 
@@ -21,7 +22,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import Any, Union
 
 import torch
 
@@ -29,14 +30,11 @@ from . import _C
 from .errors import ConfigError
 from .ir import Graph, load_graph
 
-if TYPE_CHECKING:
-    from .plan import Plan
-
 __all__ = ["PLACERS", "PlacementPlan", "CapturedPlacement", "calibrated_machine", "example_inputs",
-           "parse_bytes", "plan_graph", "plan_joint", "place_captured", "profile_graph"]
+           "parse_bytes", "plan_graph", "plan_joint", "profile_graph"]
 
 #: The placers plan_graph knows, by name.
-PLACERS: tuple[str, ...] = tuple(_C.plan_placers()) if hasattr(_C, "plan_placers") else ()
+from .option_names import PLACERS, check_devices  # noqa: E402  (one definition, passes/option_names.h)
 
 #: The plan of one graph (C++ passes::Plan): ``str(p)`` is its summary; see
 #: ``program``, ``placement``, ``order``, ``step_time_us``,
@@ -86,7 +84,7 @@ def calibrated_machine(kernels: Sequence[tuple[float, float, float]],
                        transfers: Sequence[tuple[float, float]], *, memory: int | str = "16GiB",
                        name: str = "dev", extra_latency_us: float = 0.0) -> str:
     """A one-device machine profile (JSON text, for ``machine=``) fitted to
-    measurements by passes/calibrate.h's least squares: ``kernels`` are
+    measurements by passes/cost/calibrate.h's least squares: ``kernels`` are
     ``(bytes moved, flops, time_us)`` samples (time = bytes / bandwidth +
     flops / peak + launch), ``transfers`` ``(bytes, time_us)`` samples (time
     = latency + bytes / bandwidth). ``plan_graph`` replicates the device to
@@ -143,9 +141,8 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
     _require_passes()
     if not isinstance(graph, Graph):
         graph = load_graph(graph)
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)):
-        raise ConfigError(f"modelpar plan: devices={devices!r} is not valid; devices takes an "
-                          f"int from 1 to 64")
+    if devices is not None:
+        check_devices("plan", devices)
     if not isinstance(placer, str):
         raise ConfigError(f"modelpar plan: placer={placer!r} is not valid; placer takes one of "
                           + ", ".join(repr(p) for p in PLACERS))
@@ -165,7 +162,7 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                dump_dir: str | os.PathLike[str] | None = None,
                lp_time_limit_s: float = 20.0) -> tuple[Any, Any, Any, int, int]:
     """Plans a training step's forward and backward graphs as one
-    (passes/joint.h): joins them (``saved``: ``(backward input, forward
+    (passes/plan_joint.h): joins them (``saved``: ``(backward input, forward
     value)`` name pairs; ``tangents``: ``(backward input, forward output)``
     pairs, each tangent the gradient of that output, made after it in the
     joint graph; other backward inputs stay inputs), plans the
@@ -187,9 +184,8 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
         InvalidIrError: a link naming no value, or of mismatched types.
     """
     _require_passes()
-    if devices is not None and (isinstance(devices, bool) or not isinstance(devices, int)):
-        raise ConfigError(f"modelpar plan: devices={devices!r} is not valid; devices takes an "
-                          f"int from 1 to 64")
+    if devices is not None:
+        check_devices("plan", devices)
     return _C.plan_joint(forward, backward, [(str(b), str(f)) for b, f in saved],
                          [(str(b), str(f)) for b, f in tangents], [(int(o), int(i)) for o, i in gradients], devices, _memory_list(memory),
                          placer, None if machine is None else os.fspath(machine), bool(coarsen),
@@ -255,7 +251,7 @@ def profile_graph(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: in
     from .executor import Executor
 
     program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
-    ex = Executor(program, devices="cpu-workers", threads_per_device=threads_per_device,
+    ex = Executor(program, device_map="cpu-workers", threads_per_device=threads_per_device,
                   record_trace=True)
     args = list(inputs) if inputs is not None else example_inputs(graph)
     ex.run(list(args))
@@ -319,35 +315,3 @@ def _micros(us: float) -> str:
     if us >= 1e3:
         return f"{us / 1e3:.3g} ms"
     return f"{us:.3g} us"
-
-
-def place_captured(plan: "Plan", devices: int | None = None, memory: MemoryArg = None,
-                   placer: str = "m-etf", machine: str | os.PathLike[str] | None = None, *,
-                   coarsen: bool = True, trace_dir: str | os.PathLike[str] | None = None,
-                   dump_dir: str | os.PathLike[str] | None = None,
-                   lp_time_limit_s: float = 20.0) -> CapturedPlacement:
-    """Plans every imported graph of a ``torch.compile`` plan (see
-    ``plan_graph`` for the arguments); ``trace_dir`` receives
-    ``<plan name>.<kind>.trace.json`` per graph.
-
-    Raises:
-        ConfigError: the plan has no imported graph (all run eagerly), or a
-            bad option.
-        PlanDoesNotFitError: a graph does not fit the memory.
-    """
-    out = CapturedPlacement(plan.index, plan.function)
-    for kind, rec in plan.graphs.items():
-        if rec.graph is None:
-            continue
-        trace = None
-        if trace_dir is not None:
-            Path(trace_dir).mkdir(parents=True, exist_ok=True)
-            trace = Path(trace_dir) / f"{plan.name}.{kind}.trace.json"
-        out.plans[kind] = plan_graph(rec.graph, devices=devices, memory=memory, placer=placer,
-                                     machine=machine, trace=trace, coarsen=coarsen,
-                                     dump_dir=dump_dir, lp_time_limit_s=lp_time_limit_s)
-    if not out.plans:
-        reasons = "; ".join(f"{k}: {r.reason}" for k, r in plan.graphs.items())
-        raise ConfigError(f"modelpar plan: plan {plan.index} ({plan.function}) has no graph "
-                          f"modelpar imported, so there is nothing to place ({reasons or 'no graphs'})")
-    return out

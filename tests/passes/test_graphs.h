@@ -8,7 +8,7 @@
 
 #include "ir/graph.h"
 #include "ir/parser.h"
-#include "passes/device_model.h"
+#include "passes/cost/device_model.h"
 
 namespace modelpar::passes::testing {
 

@@ -368,7 +368,7 @@ def test_plan_summary_write_ir_and_dump_dir(tmp_path: Path, monkeypatch: pytest.
 @pytest.mark.parametrize("options, match", [
     ({"stirct": True}, r"unknown key 'stirct'; valid keys: strict, dump_dir, partitioner, devices"),
     ({"strict": 1}, r"strict=1 is not valid; strict takes True or False"),
-    ({"devices": 0}, r"devices=0 is not valid; devices takes an int >= 1"),
+    ({"devices": 0}, r"devices=0 is not valid; devices takes an int from 1 to 64"),
     ({"placer": "best"}, r"placer takes one of 'm-topo', 'm-etf', 'm-sct'"),
     ({"partitioner": "magic"}, r"partitioner takes one of 'default', 'min_cut'"),
     ({"memory": "lots"}, r'memory takes None, a positive number of bytes, or a size such as "16GiB"'),
@@ -391,7 +391,7 @@ def test_memory_device_map_and_trace_options_are_resolved() -> None:
     o = modelpar.resolve_options({"devices": 2, "memory": "16GiB", "device_map": "cpu",
                                   "trace": "t.json"})
     assert (o.memory, o.device_map, o.trace) == (16 << 30, "cpu", "t.json")
-    assert o.planned and o.executor_devices == "cpu-workers"
+    assert o.planned and o.executor_device_map == "cpu-workers"
     assert modelpar.resolve_options({"memory": 1 << 20}).planned  # plans on one device too
     assert not modelpar.resolve_options({"device_map": "cpu"}).planned
 

@@ -1,5 +1,5 @@
 """torch.compile(backend="modelpar", options={"devices": N, ...}): the
-forward and backward graphs planned as one (passes/joint.h) and run by the
+forward and backward graphs planned as one (passes/plan_joint.h) and run by the
 multi-device Executor on N CPU worker devices. Outputs, every gradient,
 buffers and momentum-SGD steps equal eager for every test model; a layer's
 backward runs on its forward's device and saved activations are bound where

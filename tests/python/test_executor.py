@@ -49,7 +49,7 @@ def test_mlp_pipeline_on_two_workers_equals_reference_interpreter():
     program = modelpar.load_program(MLP)
     inputs = mlp_inputs()
     want = modelpar.run_program(program, inputs)
-    ex = modelpar.Executor(program, devices="cpu-workers", threads_per_device=1)
+    ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
     for _ in range(3):
         got = ex.run(inputs)
         assert len(got) == len(want)
@@ -127,12 +127,12 @@ def test_trace_needs_record_trace():
 def test_device_maps_are_checked():
     program = modelpar.load_program(MLP)
     with pytest.raises(modelpar.ConfigError, match="names 3 devices but the program has 2"):
-        modelpar.Executor(program, devices=["cpu", "cpu", "cpu"])
+        modelpar.Executor(program, device_map=["cpu", "cpu", "cpu"])
     with pytest.raises(modelpar.ConfigError, match="is not a device"):
-        modelpar.Executor(program, devices="gpu")
+        modelpar.Executor(program, device_map="gpu")
     if not modelpar.cuda_devices_built():
         with pytest.raises(modelpar.ConfigError, match="no CUDA support"):
-            modelpar.Executor(program, devices="cuda:0")
+            modelpar.Executor(program, device_map="cuda:0")
 
 
 def test_bad_inputs_are_rejected():
@@ -149,7 +149,7 @@ def test_one_gpu_hosting_two_logical_devices():
     program = modelpar.load_program(MLP)
     inputs = [t.cuda() for t in mlp_inputs()]
     want = modelpar.run_program(program, inputs)
-    got = modelpar.Executor(program, devices="cuda:0").run(inputs)
+    got = modelpar.Executor(program, device_map="cuda:0").run(inputs)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w)
 

@@ -1,7 +1,7 @@
 """modelpar.microbatch and modelpar.checkpoint numerically: the split and the
 checkpointed steps, run on the reference interpreter, give the full-batch
-step's loss, outputs, gradients and updated parameters (passes/microbatch.h,
-passes/checkpoint.h; the structure is tested in tests/passes/)."""
+step's loss, outputs, gradients and updated parameters (passes/pipeline/microbatch.h,
+passes/pipeline/checkpoint.h; the structure is tested in tests/passes/)."""
 
 from __future__ import annotations
 
@@ -306,5 +306,5 @@ def test_batch_norm_is_refused_unless_deferred() -> None:
     graph = modelpar.parse_graph(BN_STEP)
     with pytest.raises(modelpar.UnsupportedOpError, match="batch_norm option to deferred"):
         modelpar.microbatch(graph, microbatches=2, batch_size=8)
-    with pytest.raises(modelpar.ConfigError, match="not one of refuse, deferred"):
+    with pytest.raises(modelpar.ConfigError, match="batch_norm='lazy' is not valid; batch_norm takes one of 'refuse', 'deferred'"):
         modelpar.microbatch(graph, microbatches=2, batch_size=8, batch_norm="lazy")

@@ -34,7 +34,7 @@ def reference(batch: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def run_pipelined(plan, batch: int, seed: int = 0) -> list[torch.Tensor]:
-    ex = modelpar.Executor(plan.program, devices="cpu-workers", threads_per_device=1)
+    ex = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)
     return ex.run(inputs(batch, seed))
 
 
@@ -70,7 +70,7 @@ def test_pipelined_step_equals_the_unsplit_step(schedule: str, checkpoint: str,
     assert_same(run_pipelined(plan, 8), reference(8))
 
 
-@pytest.mark.parametrize("partition,schedule", [("balance-size", "gpipe"), ("pipedream", "1f1b"),
+@pytest.mark.parametrize("partition,schedule", [("balance-size", "gpipe"), ("balance-time-comm", "1f1b"),
                                                 ("madpipe", "1f1b*")])
 def test_every_partition_method_runs_exactly(partition: str, schedule: str) -> None:
     plan = modelpar.plan_pipeline(STEP, devices=3, microbatches=4, batch_size=10,
@@ -82,7 +82,7 @@ def test_every_partition_method_runs_exactly(partition: str, schedule: str) -> N
 
 def test_same_program_runs_new_inputs_every_step() -> None:
     plan = modelpar.plan_pipeline(STEP, devices=2, microbatches=8, batch_size=16, schedule="1f1b")
-    ex = modelpar.Executor(plan.program, devices="cpu-workers", threads_per_device=1)
+    ex = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)
     for seed in range(3):
         assert_same(ex.run(inputs(16, seed)), reference(16, seed))
 
@@ -125,7 +125,7 @@ def test_deferred_batch_norm_pipeline_updates_running_stats_from_the_whole_batch
                                   schedule=schedule, batch_norm="deferred")
     torch.manual_seed(3)
     xs = bn_inputs(8)
-    got = modelpar.Executor(plan.program, devices="cpu-workers", threads_per_device=1).run(xs)
+    got = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1).run(xs)
     split = modelpar.microbatch(step, microbatches=4, batch_size=8, batch_norm="deferred")
     assert_same(got, modelpar.run_graph(split, xs))
     rm, rv = xs[4].clone(), xs[5].clone()
@@ -136,7 +136,7 @@ def test_deferred_batch_norm_pipeline_updates_running_stats_from_the_whole_batch
 
 @pytest.mark.parametrize("checkpoint", ["always", "never"])
 def test_split_gpipe_step_run_in_two_calls_equals_the_unsplit_step(checkpoint: str) -> None:
-    """splitPhases (passes/split_phases.h): the forward part, then the
+    """splitPhases (passes/pipeline/split_phases.h): the forward part, then the
     backward part fed the carried values, give the step's outputs."""
     from modelpar import _C
     plan = modelpar.plan_pipeline(modelpar.load_graph(STEP), devices=4, microbatches=4,
@@ -144,11 +144,11 @@ def test_split_gpipe_step_run_in_two_calls_equals_the_unsplit_step(checkpoint: s
     first, second, carried = _C.split_phases(plan)
     names = list(modelpar.load_graph(STEP).input_names)
     values = dict(zip(names, inputs(8)))
-    ex1 = modelpar.Executor(first, devices="cpu-workers", threads_per_device=1)
+    ex1 = modelpar.Executor(first, device_map="cpu-workers", threads_per_device=1)
     out1 = dict(zip(first.graph.output_names, ex1.run([values[n] for n in first.graph.input_names])))
     assert set(carried) <= set(out1)
     values.update(out1)
-    ex2 = modelpar.Executor(second, devices="cpu-workers", threads_per_device=1)
+    ex2 = modelpar.Executor(second, device_map="cpu-workers", threads_per_device=1)
     out2 = dict(zip(second.graph.output_names,
                     ex2.run([values[n] for n in second.graph.input_names])))
     got = {**out1, **out2}

@@ -1,0 +1,364 @@
+// Pass `simulate` (simulate.h). Instructions get global ids (device offset +
+// index); every timed one resolves once. Runs of a device depend only on that
+// device's instructions, and a transfer completing only unblocks its two
+// endpoints, so after each transfer only those two devices are advanced.
+// A pending dependency is re-checked from where it stopped, never rescanned.
+#include "passes/lower/simulate.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <queue>
+
+#include "ir/check.h"
+#include "ir/printer.h"
+#include "passes/lower/liveness.h"
+
+namespace modelpar::passes {
+namespace {
+
+constexpr double kUnknown = std::numeric_limits<double>::quiet_NaN();
+constexpr int32_t kNone = -1;
+
+class Simulator {
+ public:
+  Simulator(const ir::Program& p, const DeviceModel& m) : p_(p), g_(p.graph()), m_(m) {
+    nd_ = p.numDevices();
+    MP_CHECK(m.numDevices() >= nd_, ConfigError,
+             "modelpar {}: the program uses {} devices but the machine has {}", kSimulatePassId,
+             nd_, m.numDevices());
+    offset_.assign(static_cast<size_t>(nd_) + 1, 0);
+    for (int d = 0; d < nd_; ++d) {
+      offset_[static_cast<size_t>(d) + 1] = offset_[static_cast<size_t>(d)] +
+                                            static_cast<int32_t>(p.schedule(d).size());
+    }
+    n_ = static_cast<size_t>(offset_.back());
+  }
+
+  SimulationReport run(const SimulateOptions& options) {
+    flat_ = flatten(g_);
+    compile();
+    start_.assign(n_, kUnknown);
+    end_.assign(n_, kUnknown);
+    cause_.assign(n_, kNone);
+    for (int d = 0; d < nd_; ++d) advance(d);
+    while (!requests_.empty()) {
+      auto [req, src] = requests_.top();
+      requests_.pop();
+      transfer(src, req);
+    }
+    checkFinished();
+    return report(options);
+  }
+
+ private:
+  struct Device {
+    std::vector<int32_t> runs, sends;  // gids in program order
+    size_t run_ptr = 0, send_ptr = 0;
+    int32_t dep_pos = 0, send_dep_pos = 0;
+    double compute_free = 0, tx_free = 0, rx_free = 0;
+    int32_t last_run = kNone, last_tx = kNone, last_rx = kNone;  // causes
+    bool outstanding = false;
+    double request_cause_time = 0;
+    int32_t request_cause = kNone;
+    double compute_busy = 0, send_busy = 0, recv_busy = 0;
+  };
+
+  int deviceOf(int32_t gid) const {
+    return static_cast<int>(std::upper_bound(offset_.begin(), offset_.end(), gid) - offset_.begin()) - 1;
+  }
+  const ir::Instruction& inst(int32_t gid) const {
+    int d = deviceOf(gid);
+    return p_.schedule(d)[static_cast<size_t>(gid - offset_[static_cast<size_t>(d)])];
+  }
+
+  // Dependencies (gids whose end a run / send waits for), durations, matches.
+  void compile() {
+    devices_.resize(static_cast<size_t>(nd_));
+    duration_.assign(n_, 0.0);
+    dep_begin_.assign(n_ + 1, 0);
+    match_.assign(n_, kNone);
+    // Receives by value, to match sends: CSR of (gid) with device / peer.
+    std::vector<int32_t> recv_begin(g_.numValues() + 1, 0);
+    for (int d = 0; d < nd_; ++d) {
+      for (const ir::Instruction& i : p_.schedule(d)) {
+        if (i.kind == ir::Instruction::Kind::Recv) ++recv_begin[static_cast<size_t>(i.value) + 1];
+      }
+    }
+    for (size_t v = 0; v < g_.numValues(); ++v) recv_begin[v + 1] += recv_begin[v];
+    std::vector<int32_t> recvs(static_cast<size_t>(recv_begin.back()));
+    std::vector<int32_t> fill(recv_begin.begin(), recv_begin.end() - 1);
+    for (int d = 0; d < nd_; ++d) {
+      const auto& s = p_.schedule(d);
+      for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i].kind != ir::Instruction::Kind::Recv) continue;
+        recvs[static_cast<size_t>(fill[static_cast<size_t>(s[i].value)]++)] =
+            offset_[static_cast<size_t>(d)] + static_cast<int32_t>(i);
+      }
+    }
+
+    constexpr int32_t kUnset = -2;
+    std::vector<int32_t> where(g_.numValues(), kUnset);  // defining gid on this device, -1 input
+    std::vector<ir::ValueId> touched;
+    deps_.reserve(n_ * 2);
+    for (int d = 0; d < nd_; ++d) {
+      Device& dev = devices_[static_cast<size_t>(d)];
+      for (const ir::Input& in : g_.inputs()) {
+        if (in.device.value_or(0) != d) continue;
+        where[static_cast<size_t>(in.value)] = kNone;
+        touched.push_back(in.value);
+      }
+      const auto& sched = p_.schedule(d);
+      int32_t last_run = kNone;
+      for (size_t i = 0; i < sched.size(); ++i) {
+        const ir::Instruction& ins = sched[i];
+        int32_t gid = offset_[static_cast<size_t>(d)] + static_cast<int32_t>(i);
+        dep_begin_[static_cast<size_t>(gid)] = static_cast<int32_t>(deps_.size());
+        auto depOn = [&](ir::ValueId v) {
+          int32_t w = where[static_cast<size_t>(v)];
+          MP_CHECK(w != kUnset, InvalidIrError,
+                   "modelpar {}: device {} instruction {} ({}) uses %{} which is not on the "
+                   "device; run ir::verify", kSimulatePassId, d, i,
+                   ir::printInstruction(g_, ins), g_.value(v).name);
+          if (w >= 0) deps_.push_back(w);
+        };
+        switch (ins.kind) {
+          case ir::Instruction::Kind::Run: {
+            auto n = static_cast<size_t>(ins.node);
+            MP_CHECK(!std::isnan(flat_.time_us[n]), ConfigError,
+                     "modelpar {}: node {} ({}) has no cost; run the cost pass first",
+                     kSimulatePassId, g_.nodeRef(ins.node), g_.node(ins.node).qualifiedName());
+            for (int32_t k = flat_.arg_begin[n]; k < flat_.arg_begin[n + 1]; ++k) {
+              depOn(flat_.args[static_cast<size_t>(k)]);
+            }
+            duration_[static_cast<size_t>(gid)] = flat_.time_us[n];
+            for (int32_t k = flat_.out_begin[n]; k < flat_.out_begin[n + 1]; ++k) {
+              auto o = static_cast<size_t>(flat_.outs[static_cast<size_t>(k)]);
+              if (where[o] == kUnset) touched.push_back(static_cast<ir::ValueId>(o));
+              where[o] = gid;
+            }
+            dev.runs.push_back(gid);
+            last_run = gid;
+            break;
+          }
+          case ir::Instruction::Kind::Send: {
+            depOn(ins.value);
+            if (last_run != kNone) deps_.push_back(last_run);
+            MP_CHECK(ins.peer >= 0 && ins.peer < nd_, InvalidIrError,
+                     "modelpar {}: device {} sends to device {} of {}", kSimulatePassId, d,
+                     ins.peer, nd_);
+            duration_[static_cast<size_t>(gid)] =
+                m_.transferUs(d, ins.peer, flat_.dense_bytes[static_cast<size_t>(ins.value)]);
+            auto v = static_cast<size_t>(ins.value);
+            for (int32_t k = recv_begin[v]; k < recv_begin[v + 1]; ++k) {
+              int32_t r = recvs[static_cast<size_t>(k)];
+              if (match_[static_cast<size_t>(r)] != kNone || deviceOf(r) != ins.peer ||
+                  inst(r).peer != d) {
+                continue;
+              }
+              match_[static_cast<size_t>(r)] = gid;
+              match_[static_cast<size_t>(gid)] = r;
+              break;
+            }
+            MP_CHECK(match_[static_cast<size_t>(gid)] != kNone, InvalidIrError,
+                     "modelpar {}: device {} instruction {} ({}) has no matching recv on "
+                     "device {}", kSimulatePassId, d, i, ir::printInstruction(g_, ins), ins.peer);
+            dev.sends.push_back(gid);
+            ++num_transfers_;
+            break;
+          }
+          case ir::Instruction::Kind::Recv:
+            if (where[static_cast<size_t>(ins.value)] == kUnset) touched.push_back(ins.value);
+            where[static_cast<size_t>(ins.value)] = gid;
+            break;
+          case ir::Instruction::Kind::Free:
+            break;
+        }
+      }
+      for (ir::ValueId v : touched) where[static_cast<size_t>(v)] = kUnset;
+      touched.clear();
+    }
+    dep_begin_[n_] = static_cast<int32_t>(deps_.size());
+  }
+
+  // Runs every run of device d whose inputs are known; then offers its next send.
+  void advance(int d) {
+    Device& dev = devices_[static_cast<size_t>(d)];
+    while (dev.run_ptr < dev.runs.size()) {
+      int32_t r = dev.runs[dev.run_ptr];
+      auto rb = dep_begin_[static_cast<size_t>(r)], re = dep_begin_[static_cast<size_t>(r) + 1];
+      int32_t k = rb + dev.dep_pos;
+      while (k < re && !std::isnan(end_[static_cast<size_t>(deps_[static_cast<size_t>(k)])])) ++k;
+      dev.dep_pos = k - rb;
+      if (k < re) break;  // waits for a transfer
+      double start = dev.compute_free;
+      int32_t cause = dev.last_run;
+      for (int32_t j = rb; j < re; ++j) {
+        int32_t dep = deps_[static_cast<size_t>(j)];
+        if (end_[static_cast<size_t>(dep)] > start) {
+          start = end_[static_cast<size_t>(dep)];
+          cause = dep;
+        }
+      }
+      double end = start + duration_[static_cast<size_t>(r)];
+      start_[static_cast<size_t>(r)] = start;
+      end_[static_cast<size_t>(r)] = end;
+      cause_[static_cast<size_t>(r)] = cause;
+      dev.compute_free = end;
+      dev.compute_busy += duration_[static_cast<size_t>(r)];
+      dev.last_run = r;
+      ++dev.run_ptr;
+      dev.dep_pos = 0;
+    }
+    if (dev.outstanding || dev.send_ptr >= dev.sends.size()) return;
+    int32_t s = dev.sends[dev.send_ptr];
+    auto sb = dep_begin_[static_cast<size_t>(s)], se = dep_begin_[static_cast<size_t>(s) + 1];
+    int32_t k = sb + dev.send_dep_pos;
+    while (k < se && !std::isnan(end_[static_cast<size_t>(deps_[static_cast<size_t>(k)])])) ++k;
+    dev.send_dep_pos = k - sb;
+    if (k < se) return;
+    double req = dev.tx_free;
+    int32_t cause = dev.last_tx;
+    for (int32_t j = sb; j < se; ++j) {
+      int32_t dep = deps_[static_cast<size_t>(j)];
+      if (end_[static_cast<size_t>(dep)] > req) {
+        req = end_[static_cast<size_t>(dep)];
+        cause = dep;
+      }
+    }
+    dev.outstanding = true;
+    dev.request_cause = cause;
+    requests_.emplace(req, d);
+  }
+
+  void transfer(int src, double req) {
+    Device& from = devices_[static_cast<size_t>(src)];
+    int32_t s = from.sends[from.send_ptr];
+    int32_t r = match_[static_cast<size_t>(s)];
+    int dst = inst(s).peer;
+    Device& to = devices_[static_cast<size_t>(dst)];
+    double start = req;
+    int32_t cause = from.request_cause;
+    if (to.rx_free > start) {
+      start = to.rx_free;
+      cause = to.last_rx;
+    }
+    double dur = duration_[static_cast<size_t>(s)];
+    double end = start + dur;
+    for (int32_t gid : {s, r}) {
+      start_[static_cast<size_t>(gid)] = start;
+      end_[static_cast<size_t>(gid)] = end;
+    }
+    cause_[static_cast<size_t>(r)] = cause;
+    cause_[static_cast<size_t>(s)] = r;  // the transfer is represented by its recv
+    from.tx_free = end;
+    from.last_tx = r;
+    from.send_busy += dur;
+    to.rx_free = end;
+    to.last_rx = r;
+    to.recv_busy += dur;
+    ++from.send_ptr;
+    from.send_dep_pos = 0;
+    from.outstanding = false;
+    advance(dst);
+    advance(src);
+  }
+
+  void checkFinished() const {
+    for (int d = 0; d < nd_; ++d) {
+      const Device& dev = devices_[static_cast<size_t>(d)];
+      int32_t blocked = kNone;
+      if (dev.run_ptr < dev.runs.size()) blocked = dev.runs[dev.run_ptr];
+      else if (dev.send_ptr < dev.sends.size()) blocked = dev.sends[dev.send_ptr];
+      if (blocked == kNone) continue;
+      MP_THROW(InvalidIrError,
+               "modelpar {}: the program deadlocks: device {} never gets past instruction {} "
+               "({}); run ir::verify for the cycle", kSimulatePassId, d,
+               blocked - offset_[static_cast<size_t>(d)], ir::printInstruction(g_, inst(blocked)));
+    }
+  }
+
+  SimulationReport report(const SimulateOptions& options) {
+    SimulationReport rep;
+    rep.num_instructions = static_cast<int64_t>(n_);
+    rep.num_transfers = num_transfers_;
+    int32_t last = kNone;
+    for (size_t gid = 0; gid < n_; ++gid) {
+      if (std::isnan(end_[gid])) continue;
+      if (last == kNone || end_[gid] > end_[static_cast<size_t>(last)]) last = static_cast<int32_t>(gid);
+    }
+    rep.step_time_us = last == kNone ? 0.0 : end_[static_cast<size_t>(last)];
+    // Critical path: follow causes back from the last end; a send stands for its recv.
+    for (int32_t c = last; c != kNone; c = cause_[static_cast<size_t>(c)]) {
+      const ir::Instruction& i = inst(c);
+      if (i.kind == ir::Instruction::Kind::Send) continue;
+      int d = deviceOf(c);
+      rep.critical_path.push_back({d, c - offset_[static_cast<size_t>(d)], i.kind,
+                                   start_[static_cast<size_t>(c)], end_[static_cast<size_t>(c)]});
+    }
+    std::reverse(rep.critical_path.begin(), rep.critical_path.end());
+    // Memory in program order (liveness.h).
+    std::vector<DeviceLiveness> live = analyzeLiveness(p_, flat_);
+    for (int d = 0; d < nd_; ++d) {
+      const Device& dev = devices_[static_cast<size_t>(d)];
+      const DeviceLiveness& L = live[static_cast<size_t>(d)];
+      DeviceReport dr;
+      dr.compute_busy_us = dev.compute_busy;
+      dr.idle_us = rep.step_time_us - dev.compute_busy;
+      dr.send_busy_us = dev.send_busy;
+      dr.recv_busy_us = dev.recv_busy;
+      dr.persistent_bytes = L.persistent_bytes;
+      dr.num_instructions = offset_[static_cast<size_t>(d) + 1] - offset_[static_cast<size_t>(d)];
+      int64_t cur = L.persistent_bytes + L.start_bytes, peak = cur;
+      size_t k = 0;
+      for (size_t i = 0; i < L.alloc_bytes.size(); ++i) {
+        cur += L.alloc_bytes[i];
+        peak = std::max(peak, cur + L.temp_bytes[i]);
+        for (; k < L.releases.size() && L.releases[k].after <= static_cast<int32_t>(i); ++k) {
+          cur -= L.releases[k].bytes;
+        }
+      }
+      dr.peak_bytes = peak;
+      rep.devices.push_back(dr);
+    }
+    if (options.record_timeline) {
+      for (int d = 0; d < nd_; ++d) {
+        std::vector<double> s, e;
+        double prev = 0;
+        for (int32_t gid = offset_[static_cast<size_t>(d)]; gid < offset_[static_cast<size_t>(d) + 1]; ++gid) {
+          double a = start_[static_cast<size_t>(gid)], b = end_[static_cast<size_t>(gid)];
+          if (std::isnan(a)) a = b = prev;  // frees
+          s.push_back(a);
+          e.push_back(b);
+          if (inst(gid).kind == ir::Instruction::Kind::Run) prev = b;
+        }
+        rep.start_us.push_back(std::move(s));
+        rep.end_us.push_back(std::move(e));
+      }
+    }
+    return rep;
+  }
+
+  const ir::Program& p_;
+  const ir::Graph& g_;
+  const DeviceModel& m_;
+  FlatGraph flat_;
+  int nd_ = 0;
+  size_t n_ = 0;
+  std::vector<int32_t> offset_;
+  std::vector<Device> devices_;
+  std::vector<double> duration_, start_, end_;
+  std::vector<int32_t> cause_, dep_begin_, deps_, match_;
+  int64_t num_transfers_ = 0;
+  using Request = std::pair<double, int>;  // (time, source device): ties to the lower device
+  std::priority_queue<Request, std::vector<Request>, std::greater<>> requests_;
+};
+
+}  // namespace
+
+SimulationReport simulate(const ir::Program& p, const DeviceModel& machine,
+                          const SimulateOptions& options) {
+  return Simulator(p, machine).run(options);
+}
+
+}  // namespace modelpar::passes

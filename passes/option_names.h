@@ -1,0 +1,58 @@
+// The names users type for modelpar's planning options, their valid values,
+// and the checks, defined once. passes/ checks with them; the Python package
+// reads them from `modelpar._C.option_names()` (python_shim/bind_passes.cpp)
+// instead of keeping copies, so C++ and Python accept and refuse the same.
+//
+// Example:
+//   checkDevices("plan", o.devices);                                  // 1..kMaxDevices
+//   checkOneOf("pipeline", "schedule", o.schedule, kPipelineScheduleNames);
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace modelpar::passes {
+
+/// Logical devices a plan may have: 1 to kMaxDevices.
+inline constexpr int kMaxDevices = 64;
+
+/// `placer`: Baechi's three placers.
+inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
+/// `schedule`: torchgpipe's clock-cycle GPipe, PipeDream's 1F1B, MadPipe's 1F1B*.
+inline constexpr std::string_view kPipelineScheduleNames[] = {"gpipe", "1f1b", "1f1b*"};
+/// `partition`: balance compute time, balance memory, balance compute time
+/// with the transfer time of every cut (PipeDream's straight-pipeline DP,
+/// no stage replication), MadPipe's memory-aware DP.
+inline constexpr std::string_view kPartitionMethodNames[] = {"balance-time", "balance-size",
+                                                             "balance-time-comm", "madpipe"};
+/// `checkpoint`: torchgpipe's modes.
+inline constexpr std::string_view kCheckpointModeNames[] = {"always", "except_last", "never"};
+/// `batch_norm`: refuse training-mode batch norm, or torchgpipe's DeferredBatchNorm.
+inline constexpr std::string_view kBatchNormModeNames[] = {"refuse", "deferred"};
+/// `loss_reduction`: how micro-batch losses combine.
+inline constexpr std::string_view kLossReductionNames[] = {"auto", "mean", "sum"};
+
+/// One option and its valid values, for listing (modelpar._C.option_names()).
+struct OptionValues {
+  std::string_view option;
+  std::span<const std::string_view> values;
+};
+std::vector<OptionValues> optionValues();
+
+/// "'a', 'b', 'c'".
+std::string quotedList(std::span<const std::string_view> values);
+
+/// ConfigError `modelpar <who>: <option>='<value>' is not valid; <option>
+/// takes one of 'a', 'b'` unless `value` is one of `values`. A value that was
+/// renamed gets the new name in the message.
+void checkOneOf(std::string_view who, std::string_view option, std::string_view value,
+                std::span<const std::string_view> values);
+
+/// ConfigError `modelpar <who>: devices=<n> is not valid; devices takes an
+/// int from 1 to 64` unless 1 <= n <= kMaxDevices.
+void checkDevices(std::string_view who, int64_t devices);
+
+}  // namespace modelpar::passes

@@ -1,0 +1,206 @@
+// Pass `checkpoint` (checkpoint.h). Steps: 1. check the stages and choose
+// the checkpointed (stage, micro-batch) groups; 2. per group, the recompute
+// set: producers of values the backward reads, closed over their inputs from
+// the same group, minus what must stay stored (Note [Recompute and
+// randomness]); 3. the new graph, each group's copies before its first
+// backward reader.
+#include "passes/pipeline/checkpoint.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "ir/check.h"
+#include "ir/node_copy.h"
+#include "passes/option_names.h"
+#include "passes/cost/op_family.h"
+
+namespace modelpar::passes {
+namespace {
+
+using ir::NodeId;
+using ir::Phase;
+using ir::ValueId;
+
+constexpr std::string_view kWho = "modelpar checkpoint";
+
+using GroupKey = std::pair<int32_t, int>;  // stage, micro-batch
+
+}  // namespace
+
+CheckpointMode parseCheckpointMode(std::string_view s) {
+  checkOneOf(kCheckpointPassId, "checkpoint", s, kCheckpointModeNames);
+  return s == "always" ? CheckpointMode::Always
+         : s == "never" ? CheckpointMode::Never
+                        : CheckpointMode::ExceptLast;
+}
+
+std::string_view name(CheckpointMode m) {
+  switch (m) {
+    case CheckpointMode::Always: return "always";
+    case CheckpointMode::ExceptLast: return "except_last";
+    case CheckpointMode::Never: return "never";
+  }
+  return "?";
+}
+
+CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stage_of_node,
+                            const CheckpointOptions& options) {
+  // 1. Stages and groups.
+  const size_t nn = g.numNodes(), nv = g.numValues();
+  MP_CHECK(stage_of_node.size() == nn, ConfigError,
+           "{}: graph @{} has {} nodes but {} stages were given (one per node)", kWho, g.name(),
+           nn, stage_of_node.size());
+  int last_mb = -1;
+  for (size_t n = 0; n < nn; ++n) {
+    const ir::Node& nd = g.nodes()[n];
+    MP_CHECK(stage_of_node[n] >= 0, ConfigError, "{}: graph @{}: node {} has stage {}", kWho,
+             g.name(), g.nodeRef(static_cast<NodeId>(n)), stage_of_node[n]);
+    MP_CHECK(nd.phase != Phase::Recompute, ConfigError,
+             "{}: graph @{}: node {} is already a recompute node; checkpoint a graph once", kWho,
+             g.name(), g.nodeRef(static_cast<NodeId>(n)));
+    if (nd.microbatch) last_mb = std::max(last_mb, *nd.microbatch);
+  }
+  auto checkpointed = [&](int mb) {
+    switch (options.mode) {
+      case CheckpointMode::Always: return true;
+      case CheckpointMode::ExceptLast: return mb != last_mb;
+      case CheckpointMode::Never: return false;
+    }
+    return false;
+  };
+
+  // 2. Storage mutated before the backward (in-place ops outside the update).
+  std::vector<ValueId> root = storageRoots(g);
+  std::vector<char> mutated(nv, 0);
+  for (const ir::Node& nd : g.nodes()) {
+    if (!isInPlaceOp(nd.op) || nd.phase == Phase::Update || nd.args.empty()) continue;
+    nd.args[0].forEachValue([&](ValueId v) { mutated[static_cast<size_t>(root[static_cast<size_t>(v)])] = 1; });
+  }
+  auto touchesMutated = [&](const ir::Node& nd) {
+    for (ValueId v : nd.inputs()) {
+      if (mutated[static_cast<size_t>(root[static_cast<size_t>(v)])]) return true;
+    }
+    for (ValueId v : nd.outputs) {
+      if (mutated[static_cast<size_t>(root[static_cast<size_t>(v)])]) return true;
+    }
+    return false;
+  };
+  std::vector<char> candidate(nn, 0);
+  for (size_t n = 0; n < nn; ++n) {
+    const ir::Node& nd = g.nodes()[n];
+    candidate[n] = nd.phase == Phase::Forward && nd.microbatch && checkpointed(*nd.microbatch) &&
+                   !nd.outputs.empty() && !isRandomOp(nd.op) && !isInPlaceOp(nd.op) &&
+                   !touchesMutated(nd);
+  }
+  auto groupOf = [&](NodeId n) {
+    return GroupKey{stage_of_node[static_cast<size_t>(n)], *g.node(n).microbatch};
+  };
+  // Recompute set: candidate producers of values a backward node reads, and
+  // (walking backwards in graph order) candidate producers of their inputs
+  // in the same group.
+  // Only a backward node on the value's own stage reads a recomputed copy: on
+  // another stage the value is a stage input, which stays stored (reading a
+  // copy would make that stage's backward wait for this stage's recompute,
+  // which itself waits for the gradient from that stage).
+  auto readsCopyOf = [&](size_t reader, NodeId p) {
+    return g.nodes()[reader].phase == Phase::Backward && p != ir::kNoId &&
+           stage_of_node[reader] == stage_of_node[static_cast<size_t>(p)];
+  };
+  std::vector<char> recompute(nn, 0);
+  for (size_t n = 0; n < nn; ++n) {
+    for (ValueId v : g.nodes()[n].inputs()) {
+      NodeId p = g.value(v).producer;
+      if (readsCopyOf(n, p) && candidate[static_cast<size_t>(p)]) recompute[static_cast<size_t>(p)] = 1;
+    }
+  }
+  for (size_t n = nn; n-- > 0;) {
+    if (!recompute[n]) continue;
+    for (ValueId v : g.nodes()[n].inputs()) {
+      NodeId p = g.value(v).producer;
+      if (p != ir::kNoId && candidate[static_cast<size_t>(p)] &&
+          groupOf(p) == groupOf(static_cast<NodeId>(n))) {
+        recompute[static_cast<size_t>(p)] = 1;
+      }
+    }
+  }
+  // Where each group goes: before the first backward node reading its values.
+  std::map<GroupKey, size_t> first_reader;
+  for (size_t n = 0; n < nn; ++n) {
+    for (ValueId v : g.nodes()[n].inputs()) {
+      NodeId p = g.value(v).producer;
+      if (!readsCopyOf(n, p) || !recompute[static_cast<size_t>(p)]) continue;
+      first_reader.try_emplace(groupOf(p), n);
+    }
+  }
+  std::vector<std::vector<GroupKey>> groups_before(nn);
+  for (const auto& [key, n] : first_reader) groups_before[n].push_back(key);
+  std::map<GroupKey, std::vector<NodeId>> members;
+  for (size_t n = 0; n < nn; ++n) {
+    if (recompute[n]) members[groupOf(static_cast<NodeId>(n))].push_back(static_cast<NodeId>(n));
+  }
+
+  for (const auto& [key, n] : first_reader) {
+    NodeId last = members[key].back();
+    MP_CHECK(static_cast<size_t>(last) < n, InvalidIrError,
+             "{}: graph @{}: forward node {} (stage {}, micro-batch {}) comes after the backward "
+             "node {} that reads that micro-batch's activations; order each micro-batch's "
+             "forward before its backward",
+             kWho, g.name(), g.nodeRef(last), key.first, key.second,
+             g.nodeRef(static_cast<NodeId>(n)));
+  }
+
+  // 3. The new graph.
+  CheckpointResult r{ir::Graph(g.name()), {}, {}};
+  ir::Graph& out = r.graph;
+  std::vector<ValueId> orig(nv, ir::kNoId), copy(nv, ir::kNoId);
+  for (const ir::Input& in : g.inputs()) {
+    const ir::Value& v = g.value(in.value);
+    orig[static_cast<size_t>(in.value)] = out.addInput(v.name, v.type, in.role, in.device);
+  }
+  // A backward node reads the copies of its own stage; a recompute node those
+  // of its own group (a value from another stage is a stored stage input).
+  auto emit = [&](size_t n, bool as_recompute, std::optional<GroupKey> group) {
+    ir::NodeCopyRules rules;
+    rules.value = [&](ValueId v) {
+      ValueId c = copy[static_cast<size_t>(v)];
+      NodeId p = g.value(v).producer;
+      bool use = c != ir::kNoId && (group ? groupOf(p) == *group : readsCopyOf(n, p));
+      return use ? c : orig[static_cast<size_t>(v)];
+    };
+    if (as_recompute) {
+      rules.name = [&](const std::string& base) {
+        std::string name = base + ".rc";
+        for (int i = 1; out.findValue(name) || g.findValue(name) || out.findLabel(name); ++i) {
+          name = fmt::format("{}.rc{}", base, i);
+        }
+        return name;
+      };
+    }
+    NodeId id = ir::copyNode(g, static_cast<NodeId>(n), out, rules, as_recompute ? &copy : &orig);
+    ir::Node& c = out.node(id);
+    if (as_recompute) c.phase = Phase::Recompute;
+    // A recomputation holds no parameters of its own: the original node
+    // already counts them (Note [Memory model]).
+    if (as_recompute && c.cost) c.cost->persistent_bytes = 0;
+    return id;
+  };
+  for (size_t n = 0; n < nn; ++n) {
+    for (const GroupKey& key : groups_before[n]) {
+      RecomputeGroup grp{key.first, key.second, {}};
+      for (NodeId m : members[key]) {
+        grp.nodes.push_back(emit(static_cast<size_t>(m), /*as_recompute=*/true, key));
+        r.stage_of_node.push_back(key.first);
+      }
+      r.groups.push_back(std::move(grp));
+    }
+    emit(n, /*as_recompute=*/false, std::nullopt);
+    r.stage_of_node.push_back(stage_of_node[n]);
+  }
+  std::vector<ValueId> outputs;
+  for (ValueId v : g.outputs()) outputs.push_back(orig[static_cast<size_t>(v)]);
+  out.setOutputs(std::move(outputs));
+  return r;
+}
+
+}  // namespace modelpar::passes

@@ -1,0 +1,317 @@
+// orderLayers (layer_order.h): units -> condensed components -> chain.
+#include "passes/pipeline/layer_order.h"
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+#include <unordered_set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "ir/check.h"
+#include "ir/verifier.h"
+
+namespace modelpar::passes {
+namespace {
+
+bool isForward(const ir::Node& n) { return !n.phase || *n.phase == ir::Phase::Forward; }
+bool isUpdate(const ir::Node& n) { return n.phase && *n.phase == ir::Phase::Update; }
+
+// An in-place op (`aten::copy_`) whose first argument is a graph input.
+bool writesInput(const ir::Graph& g, const ir::Node& n) {
+  return !n.op.empty() && n.op.back() == '_' && !n.args.empty() && n.args[0].isValue() &&
+         g.inputIndex(n.args[0].toValue()).has_value();
+}
+
+// Strongly connected components of a digraph (iterative Tarjan); returns the
+// component of each vertex.
+std::vector<int> components(const std::vector<std::vector<int>>& adj) {
+  const int n = static_cast<int>(adj.size());
+  std::vector<int> index(static_cast<size_t>(n), -1), low(static_cast<size_t>(n), 0),
+      comp(static_cast<size_t>(n), -1);
+  std::vector<bool> on_stack(static_cast<size_t>(n), false);
+  std::vector<int> stack;
+  int next_index = 0, next_comp = 0;
+  struct Frame { int v; size_t edge; };
+  for (int root = 0; root < n; ++root) {
+    if (index[static_cast<size_t>(root)] >= 0) continue;
+    std::vector<Frame> frames{{root, 0}};
+    index[static_cast<size_t>(root)] = low[static_cast<size_t>(root)] = next_index++;
+    stack.push_back(root);
+    on_stack[static_cast<size_t>(root)] = true;
+    while (!frames.empty()) {
+      Frame& f = frames.back();
+      auto v = static_cast<size_t>(f.v);
+      if (f.edge < adj[v].size()) {
+        int w = adj[v][f.edge++];
+        auto wi = static_cast<size_t>(w);
+        if (index[wi] < 0) {
+          index[wi] = low[wi] = next_index++;
+          stack.push_back(w);
+          on_stack[wi] = true;
+          frames.push_back({w, 0});
+        } else if (on_stack[wi]) {
+          low[v] = std::min(low[v], index[wi]);
+        }
+        continue;
+      }
+      if (low[v] == index[v]) {
+        int w;
+        do {
+          w = stack.back();
+          stack.pop_back();
+          on_stack[static_cast<size_t>(w)] = false;
+          comp[static_cast<size_t>(w)] = next_comp;
+        } while (w != f.v);
+        ++next_comp;
+      }
+      int done = f.v;
+      frames.pop_back();
+      if (!frames.empty()) {
+        auto p = static_cast<size_t>(frames.back().v);
+        low[p] = std::min(low[p], low[static_cast<size_t>(done)]);
+      }
+    }
+  }
+  return comp;
+}
+
+// The longest common prefix of names, ending at a '.' boundary (or a whole
+// name that is a prefix of all others).
+std::string commonDottedPrefix(const std::vector<std::string>& names) {
+  std::string prefix = names.front();
+  for (const std::string& s : names) {
+    size_t k = 0;
+    while (k < prefix.size() && k < s.size() && prefix[k] == s[k]) ++k;
+    prefix.resize(k);
+  }
+  auto boundary = [&](const std::string& s) {
+    return s.size() == prefix.size() || s[prefix.size()] == '.';
+  };
+  while (!prefix.empty() &&
+         !std::all_of(names.begin(), names.end(), boundary)) {
+    size_t dot = prefix.rfind('.');
+    prefix.resize(dot == std::string::npos ? 0 : dot);
+  }
+  return prefix;
+}
+
+}  // namespace
+
+LayerOrder orderLayers(const ir::Graph& g) {
+  ir::verify(g);
+  const size_t nn = g.numNodes();
+
+  // 1. Units: layers first (by first forward node), then unlayered forward nodes.
+  std::unordered_map<std::string, int> unit_of_layer;
+  std::vector<std::string> unit_name;  // empty for an unlayered node's unit
+  std::vector<size_t> unit_first;      // first node in graph order
+  std::vector<int> unit_of_node(nn, -1);
+  std::vector<std::vector<ir::NodeId>> users = g.users();
+  for (size_t i = 0; i < nn; ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (!isForward(n)) continue;
+    if (n.layer.empty() && writesInput(g, n)) {
+      // An in-place write back into a graph input (AOTAutograd's copy_ of a
+      // buffer's new value) runs where the input lives: with the first
+      // layered forward node that reads it (a cycle this makes merges).
+      for (ir::NodeId r : users[static_cast<size_t>(n.args[0].toValue())]) {
+        const ir::Node& rn = g.node(r);
+        if (static_cast<size_t>(r) == i || rn.layer.empty() || !isForward(rn)) continue;
+        auto [it, fresh] = unit_of_layer.emplace(rn.layer, static_cast<int>(unit_name.size()));
+        if (fresh) {
+          unit_name.push_back(rn.layer);
+          unit_first.push_back(static_cast<size_t>(r));
+        }
+        unit_of_node[i] = it->second;
+        break;
+      }
+      if (unit_of_node[i] >= 0) continue;
+    }
+    if (n.layer.empty()) {
+      unit_of_node[i] = static_cast<int>(unit_name.size());
+      unit_name.emplace_back();
+      unit_first.push_back(i);
+      continue;
+    }
+    auto [it, fresh] = unit_of_layer.emplace(n.layer, static_cast<int>(unit_name.size()));
+    if (fresh) {
+      unit_name.push_back(n.layer);
+      unit_first.push_back(i);
+    }
+    unit_of_node[i] = it->second;
+  }
+  MP_CHECK(!unit_of_layer.empty(), ConfigError,
+           "modelpar {}: graph @{} has no forward node with a layer; a pipeline cuts the model "
+           "between layers (capture it from an nn.Module, or set `layer` attributes)",
+           kLayerOrderPassId, g.name());
+  const size_t nu = unit_name.size();
+  std::vector<std::vector<int>> adj(nu);
+  for (size_t i = 0; i < nn; ++i) {
+    int v = unit_of_node[i];
+    if (v < 0) continue;
+    for (ir::ValueId x : g.nodes()[i].inputs()) {
+      ir::NodeId p = g.value(x).producer;
+      if (p == ir::kNoId) continue;
+      int u = unit_of_node[static_cast<size_t>(p)];
+      if (u >= 0 && u != v) adj[static_cast<size_t>(u)].push_back(v);
+    }
+  }
+  for (auto& a : adj) {
+    std::sort(a.begin(), a.end());
+    a.erase(std::unique(a.begin(), a.end()), a.end());
+  }
+
+  // 2. Condense and sort components topologically, ties by first node.
+  std::vector<int> comp = components(adj);
+  const int nc = nu ? 1 + *std::max_element(comp.begin(), comp.end()) : 0;
+  std::vector<size_t> comp_first(static_cast<size_t>(nc), std::numeric_limits<size_t>::max());
+  std::vector<bool> comp_named(static_cast<size_t>(nc), false);
+  std::vector<std::vector<int>> comp_units(static_cast<size_t>(nc));
+  for (size_t u = 0; u < nu; ++u) {
+    auto c = static_cast<size_t>(comp[u]);
+    comp_first[c] = std::min(comp_first[c], unit_first[u]);
+    comp_named[c] = comp_named[c] || !unit_name[u].empty();
+    comp_units[c].push_back(static_cast<int>(u));
+  }
+  std::vector<std::vector<int>> cadj(static_cast<size_t>(nc));
+  std::vector<int> indegree(static_cast<size_t>(nc), 0);
+  for (size_t u = 0; u < nu; ++u) {
+    for (int w : adj[u]) {
+      int a = comp[u], b = comp[static_cast<size_t>(w)];
+      if (a == b) continue;
+      cadj[static_cast<size_t>(a)].push_back(b);
+      ++indegree[static_cast<size_t>(b)];
+    }
+  }
+  using Item = std::pair<size_t, int>;  // (first node, component)
+  std::priority_queue<Item, std::vector<Item>, std::greater<>> ready;
+  for (int c = 0; c < nc; ++c) {
+    if (indegree[static_cast<size_t>(c)] == 0) ready.push({comp_first[static_cast<size_t>(c)], c});
+  }
+  std::vector<int> comp_order;
+  while (!ready.empty()) {
+    int c = ready.top().second;
+    ready.pop();
+    comp_order.push_back(c);
+    for (int d : cadj[static_cast<size_t>(c)]) {
+      if (--indegree[static_cast<size_t>(d)] == 0) ready.push({comp_first[static_cast<size_t>(d)], d});
+    }
+  }
+  MP_INTERNAL_ASSERT(static_cast<int>(comp_order.size()) == nc, "condensed unit graph is cyclic");
+
+  // 3. Layers: a named component starts one; unlayered ones join the one before.
+  LayerOrder out;
+  std::vector<int> layer_of_comp(static_cast<size_t>(nc), -1);
+  std::vector<int> pending;  // unlayered components before the first layer
+  for (int c : comp_order) {
+    if (comp_named[static_cast<size_t>(c)]) {
+      out.members.emplace_back();
+      for (int u : comp_units[static_cast<size_t>(c)]) {
+        if (!unit_name[static_cast<size_t>(u)].empty()) {
+          out.members.back().push_back(unit_name[static_cast<size_t>(u)]);
+        }
+      }
+      layer_of_comp[static_cast<size_t>(c)] = static_cast<int>(out.members.size()) - 1;
+      for (int p : pending) layer_of_comp[static_cast<size_t>(p)] = 0;
+      pending.clear();
+    } else if (out.members.empty()) {
+      pending.push_back(c);
+    } else {
+      layer_of_comp[static_cast<size_t>(c)] = static_cast<int>(out.members.size()) - 1;
+    }
+  }
+  // Names: a member's own name, else the common prefix, else a join; a
+  // name already used, or an original layer's outside this one, gets `#k`.
+  std::unordered_set<std::string> used;
+  for (const auto& m : out.members) {
+    std::string name = m.front();
+    if (m.size() > 1) {
+      std::vector<std::string> sorted = m;  // first-appearance order, for reading
+      std::sort(sorted.begin(), sorted.end(), [&](const std::string& a, const std::string& b) {
+        return unit_first[static_cast<size_t>(unit_of_layer.at(a))] <
+               unit_first[static_cast<size_t>(unit_of_layer.at(b))];
+      });
+      name = commonDottedPrefix(sorted);
+      if (name.empty()) {
+        name = sorted.size() <= 3 ? fmt::format("{}", fmt::join(sorted, "+"))
+                                  : sorted.front() + "+...+" + sorted.back();
+      }
+      out.merged_layers += static_cast<int>(m.size()) - 1;
+    }
+    auto clash = [&](const std::string& s) {
+      return used.count(s) ||
+             (unit_of_layer.count(s) && std::find(m.begin(), m.end(), s) == m.end());
+    };
+    std::string base = name;
+    for (int k = 2; clash(name); ++k) name = fmt::format("{}#{}", base, k);
+    used.insert(name);
+    out.layers.push_back(name);
+  }
+
+  // Per node: its layer position.
+  std::vector<int> pos(nn, -1);
+  std::unordered_map<std::string, int> pos_of_name;
+  for (size_t u = 0; u < nu; ++u) {
+    if (!unit_name[u].empty()) pos_of_name[unit_name[u]] = layer_of_comp[static_cast<size_t>(comp[u])];
+  }
+  for (size_t i = 0; i < nn; ++i) {
+    int u = unit_of_node[i];
+    if (u < 0) continue;
+    pos[i] = layer_of_comp[static_cast<size_t>(comp[static_cast<size_t>(u)])];
+    if (g.nodes()[i].layer.empty()) ++out.unlayered_nodes;
+  }
+  // Backward nodes: named -> their layer; unlayered gradient readers -> the
+  // earliest layer they read a gradient from; the rest -> the latest layer of
+  // their backward readers.
+  std::vector<bool> backward(nn, false), gradient(nn, false);
+  for (size_t i = 0; i < nn; ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (isForward(n) || isUpdate(n)) continue;
+    backward[i] = true;
+    int earliest = std::numeric_limits<int>::max();
+    for (ir::ValueId x : n.inputs()) {
+      ir::NodeId p = g.value(x).producer;
+      if (p == ir::kNoId || !gradient[static_cast<size_t>(p)]) continue;
+      earliest = std::min(earliest, pos[static_cast<size_t>(p)]);
+    }
+    auto it = n.layer.empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
+    if (it != pos_of_name.end()) {
+      // Its layer, unless a gradient it reads comes from an earlier one
+      // (AOTAutograd tags some gradient sums with an unrelated module).
+      pos[i] = std::min(it->second, earliest);
+      gradient[i] = true;
+    } else if (earliest != std::numeric_limits<int>::max()) {
+      pos[i] = earliest;
+      gradient[i] = true;
+    }
+  }
+  const int last = static_cast<int>(out.layers.size()) - 1;
+  for (size_t r = nn; r-- > 0;) {
+    if (!backward[r] || pos[r] >= 0) continue;
+    int latest = -1;
+    for (ir::ValueId x : g.nodes()[r].outputs) {
+      for (ir::NodeId w : users[static_cast<size_t>(x)]) {
+        if (backward[static_cast<size_t>(w)]) latest = std::max(latest, pos[static_cast<size_t>(w)]);
+      }
+    }
+    pos[r] = latest >= 0 ? latest : last;
+  }
+
+  out.graph = g;
+  for (size_t i = 0; i < nn; ++i) {
+    ir::Node& n = out.graph.node(static_cast<ir::NodeId>(i));
+    if (pos[i] >= 0) {
+      n.layer = out.layers[static_cast<size_t>(pos[i])];
+    } else if (!n.layer.empty()) {  // an update node of a known layer
+      auto it = pos_of_name.find(n.layer);
+      if (it != pos_of_name.end()) n.layer = out.layers[static_cast<size_t>(it->second)];
+    }
+  }
+  return out;
+}
+
+}  // namespace modelpar::passes

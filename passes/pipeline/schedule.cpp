@@ -1,0 +1,353 @@
+// Pass `schedule` (pipeline/schedule.h).
+#include "passes/pipeline/schedule.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "ir/check.h"
+#include "passes/pipeline/relay_skips.h"
+
+namespace modelpar::passes {
+namespace {
+
+enum class Role : uint8_t { InTask, Shared, Final };
+constexpr int kF = 0, kB = 1;
+
+std::string_view kindName(int k) { return k == kF ? "F" : "B"; }
+
+// The problem after the precondition checks.
+struct Pipeline {
+  int n = 0, m = 0, num_devices = 0;
+  bool reverse_backward = false;    // GPipe: B(m-1) .. B0 (torchgpipe's fork/join order)
+  std::vector<int32_t> device_of_stage;
+  std::vector<int> warmup;          // per stage, clamped to [1, m]
+  std::vector<Role> role;           // per node
+  std::vector<int32_t> stage;       // per node (shared: filled in step 5)
+  std::vector<int32_t> task;        // per node, InTask only: (stage * m + mb) * 2 + F|B
+  int32_t taskId(int s, int k, int fb) const { return (s * m + k) * 2 + fb; }
+  std::string taskName(int32_t t) const {
+    return fmt::format("{}{} of stage {}", kindName(t % 2), (t / 2) % m, t / 2 / m);
+  }
+};
+
+std::string mbText(const ir::Node& n) { return n.microbatch ? fmt::format("mb={}", *n.microbatch) : "no mb"; }
+
+// 1. Options, roles, stages, and the edge rules.
+Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
+  const auto id = kSchedulePassId;
+  MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*", ConfigError,
+           "modelpar {}: unknown schedule '{}'; use \"gpipe\", \"1f1b\" or \"1f1b*\"", id, o.kind);
+  MP_CHECK(!o.relay_skips, ConfigError,
+           "modelpar {}: relay_skips rewrites the graph; call lowerPipeline (or relaySkips first)", id);
+  const size_t nn = g.numNodes();
+  MP_CHECK(o.stage_of_node.size() == nn, ConfigError,
+           "modelpar {}: stage_of_node has {} entries for the {} nodes of graph @{}", id,
+           o.stage_of_node.size(), nn, g.name());
+  Pipeline P;
+  P.role.assign(nn, Role::InTask);
+  P.stage = o.stage_of_node;
+  int max_stage = -1;
+  for (size_t i = 0; i < nn; ++i) {
+    const ir::Node& n = g.nodes()[i];
+    auto ni = static_cast<ir::NodeId>(i);
+    if (n.microbatch) {
+      MP_CHECK(*n.microbatch >= 0, ConfigError, "modelpar {}: node {} has mb={}; micro-batches count from 0",
+               id, g.nodeRef(ni), *n.microbatch);
+      MP_CHECK(n.phase != ir::Phase::Update, ConfigError,
+               "modelpar {}: update node {} has mb={}; updates run once per step (drop its mb)", id,
+               g.nodeRef(ni), *n.microbatch);
+      P.m = std::max(P.m, *n.microbatch + 1);
+    } else {
+      bool fin = n.phase == ir::Phase::Update;
+      for (ir::ValueId v : n.inputs()) {
+        ir::NodeId pr = g.value(v).producer;
+        fin = fin || (pr != ir::kNoId && P.role[static_cast<size_t>(pr)] != Role::Shared);
+      }
+      P.role[i] = fin ? Role::Final : Role::Shared;
+    }
+    int s = P.stage[i];
+    MP_CHECK(s >= 0 || P.role[i] == Role::Shared, ConfigError,
+             "modelpar {}: node {} ({}) has stage {}; only shared nodes may leave it -1", id,
+             g.nodeRef(ni), mbText(n), s);
+    MP_CHECK(s >= -1, ConfigError, "modelpar {}: node {} has stage {}", id, g.nodeRef(ni), s);
+    if (P.role[i] != Role::Shared) max_stage = std::max(max_stage, s);
+  }
+  P.n = o.device_of_stage.empty() ? std::max(max_stage + 1, 1)
+                                  : static_cast<int>(o.device_of_stage.size());
+  for (size_t i = 0; i < nn; ++i) {
+    MP_CHECK(P.role[i] == Role::Shared || P.stage[i] < P.n, ConfigError,
+             "modelpar {}: node {} is on stage {}, which has no device (device_of_stage has {} "
+             "entries)", id, g.nodeRef(static_cast<ir::NodeId>(i)), P.stage[i], P.n);
+  }
+  P.device_of_stage = o.device_of_stage;
+  if (P.device_of_stage.empty()) {
+    P.device_of_stage.resize(static_cast<size_t>(P.n));
+    std::iota(P.device_of_stage.begin(), P.device_of_stage.end(), 0);
+  }
+  for (int s = 0; s < P.n; ++s) {
+    int d = P.device_of_stage[static_cast<size_t>(s)];
+    MP_CHECK(d >= 0, ConfigError, "modelpar {}: stage {} has device {}; give every stage a device >= 0",
+             id, s, d);
+    P.num_devices = std::max(P.num_devices, d + 1);
+  }
+  P.m = std::max(P.m, 1);
+  P.warmup.assign(static_cast<size_t>(P.n), P.m);
+  P.reverse_backward = o.kind == "gpipe";
+  if (o.kind == "1f1b") {
+    for (int s = 0; s < P.n; ++s) P.warmup[static_cast<size_t>(s)] = std::clamp(P.n - s, 1, P.m);
+  } else if (o.kind == "1f1b*") {
+    MP_CHECK(o.in_flight.size() == static_cast<size_t>(P.n), ConfigError,
+             "modelpar {}: 1f1b* needs in_flight for each of the {} stages, got {}", id, P.n,
+             o.in_flight.size());
+    for (int s = 0; s < P.n; ++s) {
+      int w = o.in_flight[static_cast<size_t>(s)];
+      MP_CHECK(w >= 1, ConfigError, "modelpar {}: in_flight[{}] = {}; a stage keeps at least 1 micro-batch in flight",
+               id, s, w);
+      P.warmup[static_cast<size_t>(s)] = std::min(w, P.m);
+    }
+  }
+  P.task.assign(nn, -1);
+  for (size_t i = 0; i < nn; ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (P.role[i] != Role::InTask) continue;
+    bool bwd = n.phase == ir::Phase::Backward || n.phase == ir::Phase::Recompute;
+    P.task[i] = P.taskId(P.stage[i], *n.microbatch, bwd ? kB : kF);
+  }
+  // Edge rules between micro-batch nodes.
+  for (size_t i = 0; i < nn; ++i) {
+    if (P.role[i] != Role::InTask) continue;
+    auto vi = static_cast<ir::NodeId>(i);
+    for (ir::ValueId v : g.nodes()[i].inputs()) {
+      ir::NodeId u = g.value(v).producer;
+      if (u == ir::kNoId) continue;
+      auto ui = static_cast<size_t>(u);
+      MP_CHECK(P.role[ui] != Role::Final, ConfigError,
+               "modelpar {}: micro-batch node {} ({}) reads {}, which combines micro-batches; a "
+               "micro-batch cannot wait for the whole step (give {} an mb, or move the reader "
+               "after the step)", id, g.nodeRef(vi), mbText(g.nodes()[i]), g.nodeRef(u), g.nodeRef(u));
+      if (P.role[ui] != Role::InTask) continue;
+      int fu = P.task[ui] % 2, fv = P.task[i] % 2, su = P.stage[ui], sv = P.stage[i];
+      MP_CHECK(!(fu == kB && fv == kF), ConfigError,
+               "modelpar {}: forward node {} reads backward node {}; a forward node must not wait "
+               "for a backward one (check their phases)", id, g.nodeRef(vi), g.nodeRef(u));
+      MP_CHECK(!(fu == kF && fv == kF && su > sv), ConfigError,
+               "modelpar {}: forward edge {} (stage {}) -> {} (stage {}) goes to an earlier stage; "
+               "stages must not decrease along forward edges", id, g.nodeRef(u), su, g.nodeRef(vi), sv);
+      MP_CHECK(!(fu == kB && fv == kB && su < sv), ConfigError,
+               "modelpar {}: backward edge {} (stage {}) -> {} (stage {}) goes to a later stage; "
+               "stages must not increase along backward edges", id, g.nodeRef(u), su, g.nodeRef(vi), sv);
+      if (fu == kF && fv == kF && o.kind == "1f1b*") {
+        int wu = P.warmup[static_cast<size_t>(su)], wv = P.warmup[static_cast<size_t>(sv)];
+        MP_CHECK(wu >= wv, ConfigError,
+                 "modelpar {}: in_flight increases along forward edge {} (stage {}, {} in flight) "
+                 "-> {} (stage {}, {} in flight); a later stage cannot keep more micro-batches in "
+                 "flight than an earlier one (MadPipe's group numbers never increase)",
+                 id, g.nodeRef(u), su, wu, g.nodeRef(vi), sv, wv);
+      }
+    }
+  }
+  return P;
+}
+
+// 2. The task order of stage s (see the header's table).
+std::vector<int32_t> stageSequence(const Pipeline& P, int s) {
+  std::vector<int32_t> seq;
+  const int m = P.m, w = P.warmup[static_cast<size_t>(s)];
+  for (int k = 0; k < w; ++k) seq.push_back(P.taskId(s, k, kF));
+  if (P.reverse_backward) {
+    for (int k = m - 1; k >= 0; --k) seq.push_back(P.taskId(s, k, kB));
+    return seq;
+  }
+  for (int j = 0; j + w < m; ++j) {
+    seq.push_back(P.taskId(s, j, kB));
+    seq.push_back(P.taskId(s, j + w, kF));
+  }
+  for (int j = m - w; j < m; ++j) seq.push_back(P.taskId(s, j, kB));
+  return seq;
+}
+
+// 3. Note [Global clock]: a tick per task; throws naming a blocked task when
+// the stage orders contradict the data dependencies.
+std::vector<int32_t> clockTicks(const ir::Graph& g, const Pipeline& P,
+                                const std::vector<std::vector<int32_t>>& seq) {
+  const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
+  std::vector<int32_t> pending(nt, 0);
+  std::vector<std::vector<int32_t>> succ(nt);
+  std::vector<std::pair<ir::NodeId, ir::NodeId>> some_edge(nt, {ir::kNoId, ir::kNoId});
+  for (size_t i = 0; i < g.numNodes(); ++i) {
+    int32_t tv = P.task[i];
+    if (tv < 0) continue;
+    for (ir::ValueId v : g.nodes()[i].inputs()) {
+      ir::NodeId u = g.value(v).producer;
+      if (u == ir::kNoId || P.task[static_cast<size_t>(u)] < 0) continue;
+      int32_t tu = P.task[static_cast<size_t>(u)];
+      if (tu == tv) continue;
+      succ[static_cast<size_t>(tu)].push_back(tv);
+      ++pending[static_cast<size_t>(tv)];
+      some_edge[static_cast<size_t>(tv)] = {u, static_cast<ir::NodeId>(i)};
+    }
+  }
+  std::vector<int32_t> tick(nt, -1);
+  std::vector<size_t> pos(static_cast<size_t>(P.n), 0);
+  size_t left = 0;
+  for (const auto& s : seq) left += s.size();
+  std::vector<int32_t> fired;
+  for (int32_t t = 0; left > 0; ++t) {
+    fired.clear();
+    for (int s = 0; s < P.n; ++s) {
+      const auto& q = seq[static_cast<size_t>(s)];
+      size_t& p = pos[static_cast<size_t>(s)];
+      if (p < q.size() && pending[static_cast<size_t>(q[p])] == 0) fired.push_back(q[p++]);
+    }
+    if (fired.empty()) {
+      std::string blocked;
+      for (int s = 0; s < P.n; ++s) {
+        const auto& q = seq[static_cast<size_t>(s)];
+        size_t p = pos[static_cast<size_t>(s)];
+        if (p == q.size()) continue;
+        auto [u, v] = some_edge[static_cast<size_t>(q[p])];
+        blocked += fmt::format("; {} waits ({} reads {} of {})", P.taskName(q[p]), g.nodeRef(v),
+                               g.nodeRef(u), P.taskName(P.task[static_cast<size_t>(u)]));
+      }
+      MP_THROW(ConfigError,
+               "modelpar {}: the stage orders contradict the graph's dependencies{}; micro-batches "
+               "must be independent and stages ordered along the edges",
+               kSchedulePassId, blocked);
+    }
+    for (int32_t task : fired) {
+      tick[static_cast<size_t>(task)] = t;
+      for (int32_t v : succ[static_cast<size_t>(task)]) --pending[static_cast<size_t>(v)];
+    }
+    left -= fired.size();
+  }
+  return tick;
+}
+
+}  // namespace
+
+Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& options) {
+  Pipeline P = check(g, options);
+  const size_t nn = g.numNodes();
+
+  // 2. Tasks' nodes: recompute nodes that read no backward node of their own
+  // task first, then the rest, each in graph order. Empty tasks are dropped.
+  const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
+  std::vector<std::vector<ir::NodeId>> head(nt), rest(nt);
+  std::vector<char> in_head(nn, 0);
+  for (size_t i = 0; i < nn; ++i) {
+    int32_t t = P.task[i];
+    if (t < 0) continue;
+    const ir::Node& n = g.nodes()[i];
+    bool h = n.phase == ir::Phase::Recompute;
+    for (ir::ValueId v : n.inputs()) {
+      ir::NodeId u = g.value(v).producer;
+      if (u != ir::kNoId && P.task[static_cast<size_t>(u)] == t) h = h && in_head[static_cast<size_t>(u)];
+    }
+    in_head[i] = h;
+    (h ? head : rest)[static_cast<size_t>(t)].push_back(static_cast<ir::NodeId>(i));
+  }
+  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(P.n));
+  for (int s = 0; s < P.n; ++s) {
+    for (int32_t t : stageSequence(P, s)) {
+      if (!head[static_cast<size_t>(t)].empty() || !rest[static_cast<size_t>(t)].empty()) {
+        seq[static_cast<size_t>(s)].push_back(t);
+      }
+    }
+  }
+
+  // 3. Global clock, then every task sorted by (tick, stage).
+  std::vector<int32_t> tick = clockTicks(g, P, seq);
+  std::vector<int32_t> tasks;
+  for (const auto& q : seq) tasks.insert(tasks.end(), q.begin(), q.end());
+  std::sort(tasks.begin(), tasks.end(), [&](int32_t a, int32_t b) {
+    int32_t ta = tick[static_cast<size_t>(a)], tb = tick[static_cast<size_t>(b)];
+    return ta != tb ? ta < tb : a / 2 / P.m < b / 2 / P.m;
+  });
+
+  // 4. The global order of task and final nodes.
+  std::vector<ir::NodeId> anchored;  // without shared nodes
+  for (int32_t t : tasks) {
+    for (ir::NodeId v : head[static_cast<size_t>(t)]) anchored.push_back(v);
+    for (ir::NodeId v : rest[static_cast<size_t>(t)]) anchored.push_back(v);
+  }
+  for (size_t i = 0; i < nn; ++i) {
+    if (P.role[i] == Role::Final) anchored.push_back(static_cast<ir::NodeId>(i));
+  }
+  std::vector<int32_t> gpos(nn, -1);
+  for (size_t k = 0; k < anchored.size(); ++k) gpos[static_cast<size_t>(anchored[k])] = static_cast<int32_t>(k);
+
+  // 5. Shared nodes: right before their first reader in that order, on its
+  // stage (-1: nobody reads it; it runs first on its own stage).
+  std::vector<std::vector<ir::NodeId>> users = g.users();
+  std::vector<int32_t> anchor(nn, -1);
+  for (size_t i = nn; i-- > 0;) {
+    if (P.role[i] != Role::Shared) continue;
+    int32_t best = INT32_MAX, best_stage = -1;
+    for (ir::ValueId o : g.nodes()[i].outputs) {
+      for (ir::NodeId r : users[static_cast<size_t>(o)]) {
+        auto ri = static_cast<size_t>(r);
+        int32_t a = P.role[ri] == Role::Shared ? anchor[ri] : gpos[ri];
+        if (a < best) best = a, best_stage = P.stage[ri];
+      }
+    }
+    if (best == INT32_MAX) {
+      best = -1;
+      best_stage = P.stage[i] >= 0 && P.stage[i] < P.n ? P.stage[i] : 0;
+    }
+    anchor[i] = best;
+    P.stage[i] = best_stage;
+  }
+  std::vector<std::vector<ir::NodeId>> before(anchored.size() + 1);  // before[k]: before anchored[k]
+  for (size_t i = 0; i < nn; ++i) {
+    if (P.role[i] == Role::Shared) before[static_cast<size_t>(std::max(anchor[i], 0))].push_back(static_cast<ir::NodeId>(i));
+  }
+  std::vector<ir::NodeId> order;
+  order.reserve(nn);
+  for (size_t k = 0; k <= anchored.size(); ++k) {
+    order.insert(order.end(), before[k].begin(), before[k].end());
+    if (k < anchored.size()) order.push_back(anchored[k]);
+  }
+  MP_INTERNAL_ASSERT(order.size() == nn, "schedule ordered {} of {} nodes", order.size(), nn);
+  std::vector<int32_t> at(nn, -1);
+  for (size_t k = 0; k < nn; ++k) at[static_cast<size_t>(order[k])] = static_cast<int32_t>(k);
+  for (size_t i = 0; i < nn; ++i) {
+    for (ir::ValueId v : g.nodes()[i].inputs()) {
+      ir::NodeId u = g.value(v).producer;
+      MP_INTERNAL_ASSERT(u == ir::kNoId || at[static_cast<size_t>(u)] < at[i],
+                         "schedule runs {} before {}, which it reads", g.nodeRef(static_cast<ir::NodeId>(i)),
+                         g.nodeRef(u));
+    }
+  }
+
+  // 6. Project the global order onto the devices.
+  Placement p;
+  p.placer = std::string(kSchedulePassId);
+  p.num_devices = P.num_devices;
+  p.node_device.assign(nn, 0);
+  p.order.assign(static_cast<size_t>(P.num_devices), {});
+  for (ir::NodeId v : order) {
+    int d = P.device_of_stage[static_cast<size_t>(P.stage[static_cast<size_t>(v)])];
+    p.node_device[static_cast<size_t>(v)] = d;
+    p.order[static_cast<size_t>(d)].push_back(v);
+  }
+  checkPlacement(g, p);
+  return p;
+}
+
+PipelineProgram lowerPipeline(const ir::Graph& g, const PipelineScheduleOptions& options,
+                              const LowerOptions& lower_options) {
+  PipelineScheduleOptions o = options;
+  PipelineProgram out{g, o.stage_of_node, {}, ir::Program(ir::Graph(g.name()), 1)};
+  if (o.relay_skips) {
+    RelayedGraph r = relaySkips(g, o.stage_of_node);
+    out.graph = std::move(r.graph);
+    out.stage_of_node = std::move(r.stage_of_node);
+    o.relay_skips = false;
+    o.stage_of_node = out.stage_of_node;
+  }
+  out.placement = schedulePipeline(out.graph, o);
+  out.program = lower(out.graph, out.placement, lower_options);
+  return out;
+}
+
+}  // namespace modelpar::passes

@@ -1,0 +1,108 @@
+// Pass `schedule`: a micro-batched training step graph whose nodes are split
+// into pipeline stages -> a Placement (device and order per node) that
+// `lower` turns into a Program with explicit sends and receives per
+// micro-batch, for GPipe (seed 002 §3.2, Algorithm 1), 1F1B (algorithms.md
+// §5.2) and MadPipe's 1F1B* (seed 004 §4.1). The pipeline is an explicit
+// per-device program (seed 003), so the simulator and executors need nothing
+// new.
+//
+// Terms. m micro-batches (1 + the largest `mb`), n stages (the size of
+// device_of_stage, else 1 + the largest stage). A task is (stage, micro-batch,
+// F or B): the nodes with that `mb` on that stage, phase fwd (or none) for F,
+// bwd or recompute for B. In a B task, recompute nodes come first (in graph
+// order, as long as they read no backward node of the task), then the rest in
+// graph order: recomputation overlaps the incoming gradient's transfer
+// (torchgpipe's separate Recompute, seed 002 §3.2.4). Nodes without `mb`:
+//   * shared: read no micro-batch node (`t(w)` of a weight). They run right
+//     before their first reader in the schedule, on that reader's stage;
+//     stage_of_node is ignored for them (may be -1), except for a shared node
+//     nobody reads, which runs first on its stage (0 if -1);
+//   * final: phase update, or reading a micro-batch or final node (gradient
+//     combination, loss sum, optimizer). They run after every task, in graph
+//     order, on stage_of_node's stage.
+//
+// Per-stage task order, w = in-flight micro-batches (warm-up forwards):
+//   gpipe   F0 F1 .. F(m-1) B(m-1) .. B0       (torchgpipe's fork/join order)
+//   1f1b    w = min(n - s, m): F0 .. F(w-1), then B(j) F(j+w) alternating,
+//           then the remaining B's          (PipeDream-flush / Megatron 1F1B)
+//   1f1b*   the same with w = min(in_flight[s], m) (MadPipe's group numbers)
+// e.g. n=3, m=4, 1f1b:  stage 0: F0 F1 F2 B0 F3 B1 B2 B3
+//                       stage 1: F0 F1 B0 F2 B1 F3 B2 B3
+//                       stage 2: F0 B0 F1 B1 F2 B2 F3 B3
+//
+// Note [Global clock]
+// ~~~~~~~~~~~~~~~~~~~
+// Every task gets a clock tick: tick by tick, each stage starts its next task
+// if every task it reads from started at an earlier tick (data dependencies
+// between tasks come from the graph's edges). For GPipe's forwards this is
+// torchgpipe's deterministic clock cycle: F(stage j, micro-batch i) at tick
+// i + j. Each device runs its stages' tasks sorted by (tick, stage), so a
+// device hosting several stages (MadPipe's special processor) interleaves
+// them in global clock order. All device orders are projections of one global
+// order consistent with the graph, hence the lowered Program verifies and
+// cannot deadlock.
+//
+// Preconditions (ConfigError naming the node, stage or option otherwise):
+// stage_of_node has one entry per node; every stage has a device; a forward
+// edge never goes to an earlier stage and a backward edge never to a later
+// one; no forward node reads a backward node; no micro-batch node reads a
+// final node; 1f1b*: in_flight has one entry >= 1 per stage, not increasing
+// along forward edges (after clamping to m); the task order is not circular
+// (e.g. chained cross-micro-batch dependencies under GPipe's reversed
+// backward order). Guarantees: checkPlacement holds; the lowered Program
+// verifies. Does not: estimate times (start_us is empty; simulate the lowered
+// Program), change the graph, or relay values (portals, see lowerPipeline).
+//
+// Example:
+//   PipelineScheduleOptions o;
+//   o.kind = "1f1b";
+//   o.stage_of_node = stages;          // per NodeId
+//   o.device_of_stage = {0, 1, 2, 0};  // stages 0 and 3 share device 0
+//   ir::Program p = lower(g, schedulePipeline(g, o));
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ir/graph.h"
+#include "ir/program.h"
+#include "passes/lower/lower.h"
+#include "passes/place/placement.h"
+
+namespace modelpar::passes {
+
+inline constexpr std::string_view kSchedulePassId = "schedule";
+
+struct PipelineScheduleOptions {
+  /// "gpipe" | "1f1b" | "1f1b*".
+  std::string kind = "gpipe";
+  /// Per NodeId, the stage that runs it (-1 allowed for shared nodes).
+  std::vector<int32_t> stage_of_node;
+  /// Per stage, its logical device; empty: stage i on device i.
+  std::vector<int32_t> device_of_stage;
+  /// 1f1b* only: per stage, the micro-batches it keeps in flight.
+  std::vector<int> in_flight;
+  /// lowerPipeline only: forward values crossing several stages stage by
+  /// stage (torchgpipe without portals, relay_skips.h) instead of sending
+  /// them straight to their readers (portals, the default).
+  bool relay_skips = false;
+};
+
+/// The Placement of a pipelined step (see above). Throws ConfigError when
+/// options.relay_skips is set (relaying rewrites the graph: use
+/// lowerPipeline).
+Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& options);
+
+/// Relaying (if asked), scheduling and lowering in one call.
+struct PipelineProgram {
+  ir::Graph graph;                     ///< the scheduled graph (with relay copies)
+  std::vector<int32_t> stage_of_node;  ///< per NodeId of `graph`
+  Placement placement;
+  ir::Program program;
+};
+PipelineProgram lowerPipeline(const ir::Graph& g, const PipelineScheduleOptions& options,
+                              const LowerOptions& lower_options = {});
+
+}  // namespace modelpar::passes

@@ -1,0 +1,265 @@
+// planPipeline() (plan_pipeline.h): option checks, then the issue-6 passes on
+// copies of the step graph, each timed and the result verified.
+#include "passes/plan_pipeline.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <numeric>
+
+#include "ir/check.h"
+#include "ir/verifier.h"
+#include "passes/pipeline/layer_order.h"
+#include "passes/pipeline/schedule.h"
+
+namespace modelpar::passes {
+namespace {
+
+void checkOptions(const PipelinePlanOptions& o) {
+  checkDevices(kPlanPipelineId, o.devices);
+  MP_CHECK(o.microbatches >= 1, ConfigError,
+           "modelpar {}: microbatches={} is not valid; it takes an int >= 1", kPlanPipelineId,
+           o.microbatches);
+  MP_CHECK(o.batch_size.has_value() && *o.batch_size >= 1, ConfigError,
+           "modelpar {}: batch_size is required (the full batch size, the value of the batch "
+           "symbol), got {}", kPlanPipelineId,
+           o.batch_size ? fmt::format("{}", *o.batch_size) : std::string("none"));
+  MP_CHECK(o.microbatches <= *o.batch_size, ConfigError,
+           "modelpar {}: microbatches={} is more than the batch size {}; give at most {} "
+           "micro-batches", kPlanPipelineId, o.microbatches, *o.batch_size, *o.batch_size);
+  checkOneOf(kPlanPipelineId, "schedule", o.schedule, kPipelineScheduleNames);
+  checkOneOf(kPlanPipelineId, "partition", o.partition, kPartitionMethodNames);
+  checkOneOf(kPlanPipelineId, "checkpoint", o.checkpoint, kCheckpointModeNames);
+  MP_CHECK(o.partition != "madpipe" || o.schedule == "1f1b*", ConfigError,
+           "modelpar {}: partition='madpipe' plans for its own schedule; give schedule='1f1b*' "
+           "with it (got '{}')", kPlanPipelineId, o.schedule);
+  MP_CHECK(o.weight_copies >= 0, ConfigError,
+           "modelpar {}: weight_copies={} is not valid; it takes a number >= 0", kPlanPipelineId,
+           o.weight_copies);
+}
+
+// Stage of every node: its layer's, else the latest stage among the nodes it
+// reads (forward order), else 0.
+std::vector<int32_t> stagesOfNodes(const ir::Graph& g,
+                                   const std::map<std::string, int32_t, std::less<>>& stage_of) {
+  std::vector<int32_t> stage(g.nodes().size(), 0);
+  for (size_t n = 0; n < g.nodes().size(); ++n) {
+    const ir::Node& node = g.nodes()[n];
+    auto it = node.layer.empty() ? stage_of.end() : stage_of.find(node.layer);
+    if (it != stage_of.end()) {
+      stage[n] = it->second;
+      continue;
+    }
+    int32_t s = 0;
+    for (ir::ValueId v : node.inputs()) {
+      ir::NodeId p = g.value(v).producer;
+      if (p != ir::kNoId) s = std::max(s, stage[static_cast<size_t>(p)]);
+    }
+    stage[n] = s;
+  }
+  return stage;
+}
+
+double nodeTimeSum(const ir::Graph& g) {
+  double t = 0;
+  for (const ir::Node& n : g.nodes()) t += n.cost ? n.cost->time_us : 0.0;
+  return t;
+}
+
+}  // namespace
+
+double PipelinePlan::speedup() const {
+  return stepTimeUs() > 0 ? single_device_us / stepTimeUs() : 1.0;
+}
+
+double PipelinePlan::idealSpeedup() const {
+  double n = numStages(), m = static_cast<double>(microbatch_sizes.size());
+  return n * m / (m + n - 1);
+}
+
+double PipelinePlan::bubbleFraction() const {
+  if (stepTimeUs() <= 0) return 0;
+  double busy = 0;
+  int used = 0;
+  for (const DeviceReport& d : simulation.devices) {
+    if (d.num_instructions == 0) continue;
+    busy += d.compute_busy_us;
+    ++used;
+  }
+  return used == 0 ? 0 : 1.0 - busy / (used * stepTimeUs());
+}
+
+std::string PipelinePlan::summary() const {
+  std::string out = fmt::format(
+      "modelpar pipeline: {} stages on {} devices, {} micro-batches of {}, schedule {}, "
+      "partition {}, checkpoint {}, {}\n",
+      numStages(), program.numDevices(), microbatch_sizes.size(),
+      microbatch_sizes.empty() ? 0 : microbatch_sizes.front(), schedule, partition.method,
+      checkpoint, portals ? "portals" : "skips relayed stage by stage");
+  for (int s = 0; s < numStages(); ++s) {
+    int begin = partition.stage_begin[static_cast<size_t>(s)];
+    int end = partition.stageEnd(s, chain.size());
+    double t = 0;
+    for (int l = begin; l < end; ++l) t += chain.time(l);
+    out += fmt::format("  stage {} on device {}: layers {}..{} ({} .. {}), {} per micro-batch{}\n",
+                       s, partition.stage_device[static_cast<size_t>(s)], begin, end - 1,
+                       chain.layers[static_cast<size_t>(begin)].name,
+                       chain.layers[static_cast<size_t>(end - 1)].name, formatMicros(t),
+                       partition.stage_activations.empty()
+                           ? std::string()
+                           : fmt::format(", keeps {} micro-batches of activations",
+                                         partition.stage_activations[static_cast<size_t>(s)]));
+  }
+  out += fmt::format("  partition model: period {}, memory {}\n", formatMicros(partition.period_us),
+                     [&] {
+                       std::string m;
+                       for (size_t d = 0; d < partition.memory_bytes.size(); ++d) {
+                         m += fmt::format("{}dev{} {}", m.empty() ? "" : ", ", d,
+                                          formatBytes(partition.memory_bytes[d]));
+                       }
+                       return m;
+                     }());
+  out += fmt::format(
+      "  simulated step {} (one device {}): speed-up {:.2f}x, ideal {:.2f}x "
+      "(n·m/(m+n-1)), bubble {:.1f} %\n",
+      formatMicros(stepTimeUs()), formatMicros(single_device_us), speedup(), idealSpeedup(),
+      100.0 * bubbleFraction());
+  for (size_t d = 0; d < simulation.devices.size(); ++d) {
+    const DeviceReport& r = simulation.devices[d];
+    out += fmt::format("  device {}: busy {}, peak memory {} of {}, {} instructions\n", d,
+                       formatMicros(r.compute_busy_us), formatBytes(r.peak_bytes),
+                       formatBytes(machine.device(static_cast<int>(d)).memory_bytes),
+                       r.num_instructions);
+  }
+  out += fmt::format("  transfers: {}\n", simulation.num_transfers);
+  for (const PassStats& s : stats) {
+    out += fmt::format("  pass {:<12} {:>9.3f} ms  {}\n", s.pass, s.seconds * 1e3, s.detail);
+  }
+  return out;
+}
+
+PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
+  checkOptions(o);
+  PlacementOptions machine_options;
+  machine_options.devices = o.devices;
+  machine_options.machine = o.machine;
+  machine_options.memory_bytes = o.memory_bytes;
+  DeviceModel machine = planMachine(machine_options);  // checks memory and machine size
+  ir::verify(step);
+
+  PipelinePlan plan;
+  plan.machine = machine;
+  plan.schedule = o.schedule;
+  plan.checkpoint = o.checkpoint;
+  plan.portals = o.portals;
+  plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);
+  PassRunner timer(kPlanPipelineId, step.name(), 10, o);
+
+  // 0. The module names as a chain of layers (merging cycles, placing
+  //    unlayered nodes); every later pass works on this graph.
+  LayerOrder order = timer.run("layer-order", [&] { return orderLayers(step); });
+  timer.last().detail = fmt::format("{} layers ({} merged, {} unlayered nodes placed)",
+                                    order.layers.size(), order.merged_layers,
+                                    order.unlayered_nodes);
+  timer.verifyGraph(order.graph);
+  const ir::Graph& ordered = order.graph;
+
+  // 1. Stages from one micro-batch: the step at the first micro-batch's size.
+  MicrobatchOptions one = o.microbatch;
+  one.microbatches = 1;
+  one.batch_size = plan.microbatch_sizes.front();
+  ir::Graph unit = timer.run("microbatch-1", [&] { return microbatch(ordered, one); });
+  timer.verifyGraph(unit);
+  timer.run("cost-1", [&] { return estimateCosts(unit, machine, o.cost_options); });
+  timer.verifyGraph(unit);
+  plan.chain = timer.run("chain", [&] {
+    ChainOptions co;
+    co.weight_copies = o.weight_copies;
+    co.inherit_layers = true;  // nodes microbatch adds (output cat, loss sum)
+    co.layer_order = order.layers;
+    return chainFromGraph(unit, co);
+  });
+  timer.last().detail = fmt::format("{} layers", plan.chain.size());
+
+  PartitionOptions po;
+  po.method = o.partition;
+  po.devices = o.devices;
+  po.microbatches = static_cast<int>(plan.microbatch_sizes.size());
+  po.memory_bytes = std::numeric_limits<int64_t>::max();
+  for (int d = 0; d < machine.numDevices(); ++d) {
+    po.memory_bytes = std::min(po.memory_bytes, machine.device(d).memory_bytes);
+  }
+  if (machine.numDevices() > 1) {
+    po.bandwidth_bytes_per_s = machine.link(0, 1).bandwidth;
+    po.latency_us = machine.link(0, 1).latency_us;
+  }
+  po.schedule = *parsePipelineSchedule(o.schedule);
+  plan.partition = timer.run("partition", [&] { return partitionChain(plan.chain, po); });
+  timer.last().detail = fmt::format("{} stages, period {}", plan.partition.numStages(),
+                                    formatMicros(plan.partition.period_us));
+
+  std::map<std::string, int32_t, std::less<>> stage_of;
+  plan.stage_of_layer.assign(static_cast<size_t>(plan.chain.size()), 0);
+  for (int s = 0; s < plan.partition.numStages(); ++s) {
+    for (int l = plan.partition.stage_begin[static_cast<size_t>(s)];
+         l < plan.partition.stageEnd(s, plan.chain.size()); ++l) {
+      plan.stage_of_layer[static_cast<size_t>(l)] = s;
+      stage_of[plan.chain.layers[static_cast<size_t>(l)].name] = s;
+    }
+  }
+
+  // 2. The whole step, micro-batched, checkpointed, scheduled and lowered.
+  MicrobatchOptions all = o.microbatch;
+  all.microbatches = o.microbatches;
+  all.batch_size = o.batch_size;
+  all.accumulate_in_reverse = o.schedule == "gpipe";  // the order its backwards run in
+  ir::Graph mb = timer.run("microbatch", [&] { return microbatch(ordered, all); });
+  timer.last().detail = fmt::format("{} -> {} nodes", step.nodes().size(), mb.nodes().size());
+  timer.verifyGraph(mb);
+  timer.run("cost", [&] { return estimateCosts(mb, machine, o.cost_options); });
+  timer.verifyGraph(mb);
+  plan.single_device_us = nodeTimeSum(mb);
+
+  CheckpointOptions co;
+  co.mode = parseCheckpointMode(o.checkpoint);
+  CheckpointResult ck =
+      timer.run("checkpoint", [&] { return checkpoint(mb, stagesOfNodes(mb, stage_of), co); });
+  timer.last().detail = fmt::format("{} recompute groups", ck.groups.size());
+  timer.verifyGraph(ck.graph);
+
+  PipelineScheduleOptions so;
+  so.kind = o.schedule;
+  so.stage_of_node = ck.stage_of_node;
+  so.device_of_stage.assign(plan.partition.stage_device.begin(),
+                            plan.partition.stage_device.end());
+  if (o.schedule == "1f1b*") so.in_flight = plan.partition.stage_activations;
+  so.relay_skips = !o.portals;
+  PipelineProgram pp = timer.run("schedule", [&] { return lowerPipeline(ck.graph, so); });
+  timer.last().detail = fmt::format("{} devices", pp.program.numDevices());
+  timer.verifyProgram(pp.program);
+
+  SimulateOptions sim_options;
+  sim_options.record_timeline = o.record_timeline;
+  plan.simulation = timer.run("simulate", [&] { return simulate(pp.program, machine, sim_options); });
+  timer.last().detail = fmt::format("step {}", formatMicros(plan.simulation.step_time_us));
+  timer.verifyWith(pp.program.graph(), &pp.program, [] {}, std::string());
+  for (size_t d = 0; d < plan.simulation.devices.size(); ++d) {
+    int64_t cap = machine.device(static_cast<int>(d)).memory_bytes;
+    int64_t peak = plan.simulation.devices[d].peak_bytes;
+    MP_CHECK(peak <= cap, PlanDoesNotFitError,
+             "modelpar {}: the pipelined step does not fit device {}: its simulated peak memory "
+             "is {} ({} bytes) but the device has {} ({} bytes); use more micro-batches, "
+             "checkpoint='always', more devices, or more memory",
+             kPlanPipelineId, d, formatBytes(peak), peak, formatBytes(cap), cap);
+  }
+  plan.stage_of_node = std::move(pp.stage_of_node);
+  plan.graph = std::move(pp.graph);
+  plan.placement = std::move(pp.placement);
+  plan.program = std::move(pp.program);
+  plan.stats = timer.take();
+  return plan;
+}
+
+}  // namespace modelpar::passes

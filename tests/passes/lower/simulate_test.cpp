@@ -1,0 +1,278 @@
+// Pass `simulate`: hand-computed timelines for the channel model, memory,
+// critical path, errors, and the Chrome trace.
+#include "passes/lower/simulate.h"
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "ir/error.h"
+#include "ir/parser.h"
+#include "ir/verifier.h"
+#include "passes/lower/chrome_trace.h"
+#include "passes/lower/lower.h"
+#include "passes/place/place_metf.h"
+#include "tests/passes/test_graphs.h"
+
+namespace modelpar::passes {
+namespace {
+
+using testing::machine;
+using Kind = ir::Instruction::Kind;
+
+constexpr const char* kDiamond = R"(
+graph @diamond(%x: f32[256] input) {
+  %a: f32[256] = aten::relu(%x) {cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::sigmoid(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %d: f32[256] = aten::add.Tensor(%b, %c) {cost={time_us=5.0, out=1024, temp=0, persist=0}}
+  return %d
+}
+)";
+
+// Device 0: run a 0..10, send a 10..13, run b 10..30, send b 30..33.
+// Device 1: recv a (10..13), run c 13..33, recv b (30..33), run d 33..38.
+TEST(Simulate, ReproducesThePlacersDiamondTimeline) {
+  ir::Graph g = ir::parseGraph(kDiamond);
+  Placement pl = placeMEtf(g, machine(2));
+  ir::Program p = lower(g, pl);
+  SimulationReport r = simulate(p, machine(2));
+  EXPECT_DOUBLE_EQ(r.step_time_us, 38.0);
+  EXPECT_DOUBLE_EQ(r.step_time_us, pl.makespan_us);
+  ASSERT_EQ(r.devices.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.devices[0].compute_busy_us, 30.0);
+  EXPECT_DOUBLE_EQ(r.devices[0].idle_us, 8.0);
+  EXPECT_DOUBLE_EQ(r.devices[1].compute_busy_us, 25.0);
+  EXPECT_DOUBLE_EQ(r.devices[0].send_busy_us, 6.0);
+  EXPECT_DOUBLE_EQ(r.devices[1].recv_busy_us, 6.0);
+  // Memory in program order: device 0 peaks at %x + %a = 2 KiB (then %x is
+  // freed, and %a once %b has read it); device 1 at the copy of %b + %c + %d
+  // = 3 KiB while %d runs.
+  EXPECT_EQ(r.devices[0].peak_bytes, 2048);
+  EXPECT_EQ(r.devices[1].peak_bytes, 3072);
+  EXPECT_LE(r.devices[0].peak_bytes, pl.peak_bytes[0]);
+  EXPECT_LE(r.devices[1].peak_bytes, pl.peak_bytes[1]);
+  // Critical path: a, its transfer, c (which waited for it), d (after c).
+  ASSERT_EQ(r.critical_path.size(), 4u);
+  EXPECT_EQ(r.critical_path[0].device, 0);
+  EXPECT_EQ(r.critical_path[0].kind, Kind::Run);
+  EXPECT_EQ(r.critical_path[1].kind, Kind::Recv);
+  EXPECT_DOUBLE_EQ(r.critical_path[1].end_us, 13.0);
+  EXPECT_EQ(r.critical_path[2].index, 1);  // run %c
+  EXPECT_EQ(r.critical_path[3].index, 4);  // run %d (after recv %b and free %a)
+  EXPECT_DOUBLE_EQ(r.critical_path[3].end_us, 38.0);
+  EXPECT_EQ(r.num_instructions, 14);
+  EXPECT_EQ(r.num_transfers, 2);
+}
+
+// Two devices send 1 KiB to device 2 at t=10: its receive channel takes
+// them one after the other (lower source first): 10..13, 13..16; c 16..21.
+constexpr const char* kFanIn = R"(
+program devices=3
+graph @fanin(%x: f32[256] input {device=0}, %y: f32[256] input {device=1}) {
+  %a: f32[256] = aten::relu(%x) {device=0, cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%y) {device=1, cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::add.Tensor(%a, %b) {device=2, cost={time_us=5.0, out=1024, temp=256, persist=4096}}
+  return %c
+}
+device 0 {
+  run %a
+  send %a -> 2
+}
+device 1 {
+  run %b
+  send %b -> 2
+}
+device 2 {
+  recv %a <- 0
+  recv %b <- 1
+  run %c
+}
+)";
+
+TEST(Simulate, SerialisesReceivesAtADevice) {
+  ir::Program p = ir::parseProgram(kFanIn);
+  SimulationReport r = simulate(p, machine(3), SimulateOptions{true});
+  EXPECT_DOUBLE_EQ(r.step_time_us, 21.0);
+  EXPECT_DOUBLE_EQ(r.start_us[2][1], 13.0);  // recv %b waits for recv %a
+  EXPECT_DOUBLE_EQ(r.devices[2].recv_busy_us, 6.0);
+  // Critical path: a, recv a, recv b (queued behind it), c.
+  ASSERT_EQ(r.critical_path.size(), 4u);
+  EXPECT_EQ(r.critical_path[2].kind, Kind::Recv);
+  EXPECT_EQ(r.critical_path[2].index, 1);
+  // Device 2: 4 KiB persistent + two 1 KiB copies + %c and 256 B workspace.
+  EXPECT_EQ(r.devices[2].persistent_bytes, 4096);
+  EXPECT_EQ(r.devices[2].peak_bytes, 4096 + 3 * 1024 + 256);
+}
+
+TEST(Simulate, SerialisesSendsAndOverlapsThemWithCompute) {
+  // Device 0 sends %a to 1 and 2 (10..13, 13..16) while it runs %b (10..30).
+  ir::Program p = ir::parseProgram(R"(
+program devices=3
+graph @fanout(%x: f32[256] input {device=0}) {
+  %a: f32[256] = aten::relu(%x) {device=0, cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {device=0, cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::relu(%a) {device=1, cost={time_us=1.0, out=1024, temp=0, persist=0}}
+  %d: f32[256] = aten::relu(%a) {device=2, cost={time_us=1.0, out=1024, temp=0, persist=0}}
+  return %b, %c, %d
+}
+device 0 {
+  run %a
+  send %a -> 1
+  send %a -> 2
+  run %b
+}
+device 1 {
+  recv %a <- 0
+  run %c
+}
+device 2 {
+  recv %a <- 0
+  run %d
+}
+)");
+  SimulationReport r = simulate(p, machine(3), SimulateOptions{true});
+  EXPECT_DOUBLE_EQ(r.end_us[1][1], 14.0);
+  EXPECT_DOUBLE_EQ(r.end_us[2][1], 17.0);
+  EXPECT_DOUBLE_EQ(r.step_time_us, 30.0);
+  EXPECT_DOUBLE_EQ(r.devices[0].send_busy_us, 6.0);
+}
+
+TEST(Simulate, SendWaitsForTheRunsIssuedBeforeIt) {
+  // The send of %a comes after run %b in program order: it waits for %b (the
+  // compute-stream event it is issued behind), 30..33.
+  ir::Program p = ir::parseProgram(R"(
+program devices=2
+graph @late(%x: f32[256] input {device=0}) {
+  %a: f32[256] = aten::relu(%x) {device=0, cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {device=0, cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::relu(%a) {device=1, cost={time_us=1.0, out=1024, temp=0, persist=0}}
+  return %b, %c
+}
+device 0 {
+  run %a
+  run %b
+  send %a -> 1
+}
+device 1 {
+  recv %a <- 0
+  run %c
+}
+)");
+  SimulationReport r = simulate(p, machine(2));
+  EXPECT_DOUBLE_EQ(r.step_time_us, 34.0);
+}
+
+TEST(Simulate, ReportsADeadlockWithTheBlockedInstruction) {
+  ir::Program p = ir::parseProgram(R"(
+program devices=2
+graph @stuck(%x: f32[4] input {device=0}, %y: f32[4] input {device=1}) {
+  %a: f32[4] = aten::relu(%x) {device=0, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %b: f32[4] = aten::relu(%y) {device=1, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %c: f32[4] = aten::relu(%b) {device=0, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %e: f32[4] = aten::relu(%a) {device=1, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  return %c, %e
+}
+device 0 {
+  recv %b <- 1
+  run %c
+  run %a
+  send %a -> 1
+}
+device 1 {
+  recv %a <- 0
+  run %e
+  run %b
+  send %b -> 0
+}
+)");
+  EXPECT_THROW(ir::verify(p), InvalidIrError);
+  try {
+    simulate(p, machine(2));
+    FAIL();
+  } catch (const InvalidIrError& e) {
+    EXPECT_NE(std::string(e.what()).find("deadlocks: device 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run %c"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Simulate, RejectsUnmatchedSendsAndValuesNotOnTheDevice) {
+  ir::Program p = ir::parseProgram(kFanIn);
+  p.schedule(2).erase(p.schedule(2).begin());  // drop recv %a <- 0
+  try {
+    simulate(p, machine(3));
+    FAIL();
+  } catch (const InvalidIrError& e) {
+    EXPECT_NE(std::string(e.what()).find("send %a -> 2"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("no matching recv"), std::string::npos) << e.what();
+  }
+  p = ir::parseProgram(kFanIn);
+  p.schedule(0).erase(p.schedule(0).begin());  // drop run %a: the send reads nothing
+  try {
+    simulate(p, machine(3));
+    FAIL();
+  } catch (const InvalidIrError& e) {
+    EXPECT_NE(std::string(e.what()).find("uses %a which is not on the device"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Simulate, RejectsMissingCostsAndTooSmallMachines) {
+  ir::Program p = ir::parseProgram(kFanIn);
+  try {
+    simulate(p, machine(2));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("uses 3 devices but the machine has 2"), std::string::npos);
+  }
+  p.graph().node(2).cost.reset();
+  try {
+    simulate(p, machine(3));
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("%c"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("run the cost pass first"), std::string::npos);
+  }
+}
+
+TEST(ChromeTrace, HasOneProcessPerDeviceWithComputeAndTransferTracks) {
+  ir::Program p = ir::parseProgram(kFanIn);
+  SimulationReport r = simulate(p, machine(3), SimulateOptions{true});
+  nlohmann::json trace = nlohmann::json::parse(toChromeTrace(p, r));
+  int runs = 0, sends = 0, recvs = 0, processes = 0, counters = 0;
+  for (const nlohmann::json& e : trace.at("traceEvents")) {
+    std::string ph = e.at("ph").get<std::string>();
+    if (ph == "M" && e.at("name").get<std::string>() == "process_name") ++processes;
+    if (ph == "C") ++counters;
+    if (ph != "X") continue;
+    std::string cat = e.at("cat").get<std::string>();
+    if (cat == "run") ++runs;
+    if (cat == "send") {
+      ++sends;
+      EXPECT_EQ(e.at("tid").get<int64_t>(), 1);
+    }
+    if (cat == "recv") {
+      ++recvs;
+      EXPECT_EQ(e.at("pid").get<int64_t>(), 2);
+      EXPECT_EQ(e.at("tid").get<int64_t>(), 2);
+    }
+    if (e.at("name").get<std::string>() == "aten::add.Tensor") {
+      EXPECT_DOUBLE_EQ(e.at("ts").get<double>(), 16.0);
+      EXPECT_DOUBLE_EQ(e.at("dur").get<double>(), 5.0);
+    }
+  }
+  EXPECT_EQ(processes, 3);
+  EXPECT_EQ(runs, 3);
+  EXPECT_EQ(sends, 2);
+  EXPECT_EQ(recvs, 2);
+  EXPECT_EQ(counters, 3);
+  EXPECT_THROW(toChromeTrace(p, simulate(p, machine(3))), ConfigError);
+  try {
+    writeChromeTrace("/nonexistent/dir/trace.json", p, r);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot write '/nonexistent/dir/trace.json'"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace modelpar::passes

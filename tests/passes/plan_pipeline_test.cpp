@@ -1,0 +1,231 @@
+// planPipeline(): the issue-6 passes end to end on a symbolic step graph
+// (examples/ir/skip_step_symbolic.txt). The numbers the program computes are
+// checked against the unsplit step in tests/python/test_pipeline_plan.py;
+// here: structure, portals vs relays, memory relations, and errors.
+#include "passes/plan_pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "ir/error.h"
+#include "ir/parser.h"
+#include "ir/verifier.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
+
+namespace modelpar::passes {
+namespace {
+
+using testing::messageOf;
+
+ir::Graph readExample(const std::string& name) {
+  return ir::parseGraph(testing::readExample(name));
+}
+
+PipelinePlanOptions options(const std::string& schedule, const std::string& checkpoint,
+                            bool portals = true, int devices = 4, int m = 4) {
+  PipelinePlanOptions o;
+  o.devices = devices;
+  o.microbatches = m;
+  o.batch_size = 8;
+  o.schedule = schedule;
+  o.checkpoint = checkpoint;
+  o.portals = portals;
+  return o;
+}
+
+// Destinations of every send of value `name` in the program, by source device.
+std::multiset<std::pair<int, int>> sendsOf(const ir::Program& p, const std::string& name) {
+  std::multiset<std::pair<int, int>> out;
+  for (int d = 0; d < p.numDevices(); ++d) {
+    for (const ir::Instruction& i : p.schedule(d)) {
+      if (i.kind == ir::Instruction::Kind::Send && p.graph().value(i.value).name == name) {
+        out.insert({d, i.peer});
+      }
+    }
+  }
+  return out;
+}
+
+int stageOfLayer(const PipelinePlan& p, const std::string& layer) {
+  for (int l = 0; l < p.chain.size(); ++l) {
+    if (p.chain.layers[static_cast<size_t>(l)].name == layer) {
+      return p.stage_of_layer[static_cast<size_t>(l)];
+    }
+  }
+  return -1;
+}
+
+TEST(PlanPipeline, EveryScheduleAndCheckpointModeGivesAVerifiedProgramOnItsStages) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  for (const char* schedule : {"gpipe", "1f1b", "1f1b*"}) {
+    for (const char* ck : {"never", "except_last", "always"}) {
+      for (bool portals : {true, false}) {
+        SCOPED_TRACE(std::string(schedule) + " " + ck + (portals ? " portals" : " relay"));
+        PipelinePlan p = planPipeline(step, options(schedule, ck, portals));
+        EXPECT_NO_THROW(ir::verify(p.program));
+        EXPECT_EQ(p.chain.size(), 5);  // l1 l2 l3 l4 loss
+        EXPECT_EQ(p.numStages(), 4);
+        EXPECT_EQ(p.microbatch_sizes, (std::vector<int64_t>{2, 2, 2, 2}));
+        // Stages are contiguous and ascending over the chain.
+        for (size_t l = 1; l < p.stage_of_layer.size(); ++l) {
+          EXPECT_GE(p.stage_of_layer[l], p.stage_of_layer[l - 1]);
+        }
+        // Every node runs on its stage's device.
+        const ir::Graph& g = p.program.graph();
+        ASSERT_EQ(p.stage_of_node.size(), g.nodes().size());
+        for (size_t n = 0; n < g.nodes().size(); ++n) {
+          const ir::Node& node = g.nodes()[n];
+          ASSERT_TRUE(node.device.has_value()) << node.op;
+          if (p.stage_of_node[n] >= 0) {
+            EXPECT_EQ(*node.device, p.partition.stage_device[static_cast<size_t>(
+                                        p.stage_of_node[n])])
+                << g.value(node.outputs.empty() ? 0 : node.outputs[0]).name;
+          }
+        }
+        // Recompute nodes exist exactly when checkpointing.
+        int recompute = 0;
+        for (const ir::Node& node : g.nodes()) {
+          recompute += node.phase == ir::Phase::Recompute;
+        }
+        if (std::string(ck) == "never") {
+          EXPECT_EQ(recompute, 0);
+        } else {
+          EXPECT_GT(recompute, 0);
+        }
+        EXPECT_GT(p.stepTimeUs(), 0);
+        EXPECT_GT(p.single_device_us, 0);
+        EXPECT_NE(p.summary().find("stage 0 on device"), std::string::npos);
+      }
+    }
+  }
+}
+
+TEST(PlanPipeline, SkipTensorGoesStraightToItsReaderWithPortalsAndStageByStageWithout) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  PipelinePlan with = planPipeline(step, options("gpipe", "never", true));
+  int s1 = stageOfLayer(with, "l1"), s3 = stageOfLayer(with, "l3");
+  ASSERT_GE(s3 - s1, 2) << "the test needs the skip to jump a stage";
+  int d1 = with.partition.stage_device[static_cast<size_t>(s1)];
+  int d3 = with.partition.stage_device[static_cast<size_t>(s3)];
+  // h1 of micro-batch 0 is read by l2 (next stage) and l3 (two stages on):
+  // one send to each, straight from l1's device.
+  std::multiset<std::pair<int, int>> sends = sendsOf(with.program, "h1.mb0");
+  EXPECT_EQ(sends.count({d1, d3}), 1u);
+  for (const auto& [src, dst] : sends) EXPECT_EQ(src, d1);
+
+  PipelinePlan without = planPipeline(step, options("gpipe", "never", false));
+  EXPECT_EQ(sendsOf(without.program, "h1.mb0").count({d1, d3}), 0u)
+      << "without portals the skip is relayed, never sent over the stage between";
+  EXPECT_GT(without.simulation.num_transfers, with.simulation.num_transfers);
+}
+
+TEST(PlanPipeline, CheckpointingAndOneFOneBLowerTheFirstStagesSimulatedPeak) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  auto peak0 = [&](const char* schedule, const char* ck) {
+    PipelinePlan p = planPipeline(step, options(schedule, ck, true, 4, 8));
+    return p.simulation.devices[0].peak_bytes;
+  };
+  EXPECT_LT(peak0("gpipe", "always"), peak0("gpipe", "never"));
+  EXPECT_LE(peak0("gpipe", "except_last"), peak0("gpipe", "never"));
+  EXPECT_LT(peak0("1f1b", "never"), peak0("gpipe", "never"));
+}
+
+TEST(PlanPipeline, OneDeviceIsOneStageAndPipelinesGainOnMore) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  PipelinePlan one = planPipeline(step, options("gpipe", "never", true, 1, 4));
+  EXPECT_EQ(one.numStages(), 1);
+  EXPECT_EQ(one.program.numDevices(), 1);
+  EXPECT_NEAR(one.idealSpeedup(), 1.0, 1e-12);
+  PipelinePlan four = planPipeline(step, options("gpipe", "never", true, 4, 8));
+  EXPECT_NEAR(four.idealSpeedup(), 4.0 * 8 / 11, 1e-12);
+  EXPECT_GT(four.bubbleFraction(), 0.0);
+  EXPECT_LT(four.bubbleFraction(), 1.0);
+}
+
+TEST(PlanPipeline, BadOptionsAreNamedBeforeAnyPassRuns) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  auto o = options("gpipe", "never");
+  o.schedule = "zigzag";
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "schedule='zigzag' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b*'");
+  o = options("gpipe", "sometimes");
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "checkpoint='sometimes' is not valid");
+  o = options("gpipe", "never");
+  o.partition = "random";
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "partition='random' is not valid");
+  o = options("gpipe", "never");
+  o.partition = "madpipe";
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "give schedule='1f1b*' with it");
+  o = options("gpipe", "never");
+  o.microbatches = 9;
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "microbatches=9 is more than the batch size 8");
+  o = options("gpipe", "never");
+  o.batch_size.reset();
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }), "batch_size is required");
+  o = options("gpipe", "never");
+  o.devices = 0;
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }), "devices=0 is not valid");
+}
+
+TEST(PlanPipeline, StaticBatchAndTooLittleMemoryAreClearErrors) {
+  ir::Graph fixed = readExample("mlp_step.txt");
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(fixed, options("gpipe", "never")); }),
+             "dynamic=True");
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  auto o = options("1f1b", "never");
+  o.memory_bytes = {4096};
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
+             "of 4.0 KiB under 1f1b");
+}
+
+// planPipeline runs its passes through the same runner as planPlacement:
+// progress for every pass, the IR verified after each (a broken invariant
+// names the pass), and a dump per pass.
+TEST(PlanPipeline, RunsEveryPassThroughTheRunnerWithProgressVerificationAndDumps) {
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / "modelpar_plan_pipeline_dump_test";
+  fs::remove_all(dir);
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  PipelinePlanOptions o = options("1f1b", "except_last", true, 2, 4);
+  o.dump_dir = dir.string();
+  std::vector<std::string> finished;
+  o.progress = [&](const PassEvent& e) {
+    if (e.finished) finished.push_back(std::string(e.pass));
+    EXPECT_EQ(e.count, 10);
+  };
+  PipelinePlan p = planPipeline(step, o);
+  EXPECT_EQ(finished, (std::vector<std::string>{"layer-order", "microbatch-1", "cost-1", "chain",
+                                                "partition", "microbatch", "cost", "checkpoint",
+                                                "schedule", "simulate"}));
+  ASSERT_EQ(p.stats.size(), 10u);
+  // The IR passes leave dumps that parse back; the schedule's is the Program.
+  std::string name = step.name();
+  EXPECT_NO_THROW(ir::parseGraph(testing::readFile(dir / (name + ".pipeline-06-microbatch.txt"))));
+  ir::Program lowered = ir::parseProgram(testing::readFile(dir / (name + ".pipeline-09-schedule.txt")));
+  EXPECT_EQ(lowered.numDevices(), p.program.numDevices());
+  EXPECT_FALSE(fs::exists(dir / (name + ".pipeline-05-partition.txt")));  // no IR to dump
+  fs::remove_all(dir);
+
+  // A broken invariant after checkpoint is named, and nothing is returned.
+  o.dump_dir = "";
+  o.progress = nullptr;
+  o.after_pass = [](std::string_view pass, ir::Graph& g, ir::Program*) {
+    if (pass == "checkpoint") g.node(0).cost = ir::Cost{-1.0, 0, 0, 0};
+  };
+  std::string msg = messageOf<InvalidIrError>([&] { planPipeline(step, o); });
+  EXPECT_NE(msg.find("modelpar pipeline: the IR after pass 'checkpoint' breaks an invariant"),
+            std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace modelpar::passes
