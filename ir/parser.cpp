@@ -23,6 +23,7 @@ constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 constexpr int64_t kMinInt64 = std::numeric_limits<int64_t>::min();
 // A sanity bound: Program allocates one schedule per device up front.
 constexpr int64_t kMaxDevices = 1 << 16;
+constexpr int kMaxListDepth = 32;
 
 constexpr std::string_view kDtypeNames =
     "bool u8 i8 i16 i32 i64 f16 bf16 f32 f64 c64 c128 f8e4m3fn f8e5m2";
@@ -296,7 +297,13 @@ class Parser {
         return Arg::string(in_.next().text);
       case Kind::Punct:
         if (t.isPunct("[")) {
+          // Bounded so that hostile text cannot overflow the stack (ATen
+          // schemas nest lists two deep at most).
+          if (list_depth_ >= kMaxListDepth) {
+            TokenCursor::fail(t, fmt::format("lists nest deeper than {} levels", kMaxListDepth));
+          }
           in_.next();
+          ++list_depth_;
           std::vector<Arg> items;
           if (!in_.acceptPunct("]")) {
             do {
@@ -304,6 +311,7 @@ class Parser {
             } while (in_.acceptPunct(","));
             in_.expectPunct("]");
           }
+          --list_depth_;
           return Arg::list(std::move(items));
         }
         break;
@@ -399,6 +407,7 @@ class Parser {
   }
 
   TokenCursor in_;
+  int list_depth_ = 0;  // lists open around the argument being parsed
 };
 
 }  // namespace

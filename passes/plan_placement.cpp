@@ -277,6 +277,9 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
                              msct.lp_optimal ? "optimal" : "not optimal (time limit)",
                              msct.favourite_edges);
   }
+  // Nodes moved after the placer checked memory (pinned layers, in-place
+  // writes to inputs): the simulator is then their memory check.
+  int64_t moved_after_placer = 0;
   if (!o.pinned_layers.empty()) {  // PlacementOptions::pinned_layers
     std::unordered_map<std::string, int> pin(o.pinned_layers.begin(), o.pinned_layers.end());
     for (const auto& [layer, dev] : o.pinned_layers) {
@@ -303,8 +306,10 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
     }
     ps.detail += fmt::format("; {} node{} moved to pinned layers' devices", moved,
                              moved == 1 ? "" : "s");
+    moved_after_placer += moved;
   }
   if (int64_t writes = pinInputWrites(g, placement); writes > 0) {
+    moved_after_placer += writes;
     ps.detail += fmt::format("; {} in-place write{} to inputs moved to the inputs' devices", writes,
                              writes == 1 ? "" : "s");
   }
@@ -350,6 +355,13 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
              "({} bytes) at its simulated peak but has {} ({} bytes); give more memory or plan "
              "with a placer", kPlanPlacementId, g.name(), d, formatBytes(sim.devices[d].peak_bytes),
              sim.devices[d].peak_bytes, formatBytes(cap), cap);
+    MP_CHECK(moved_after_placer == 0 || sim.devices[d].peak_bytes <= cap, PlanDoesNotFitError,
+             "modelpar {}: graph @{} does not fit once {} node{} moved to pinned layers' (or "
+             "written inputs') devices: device {} needs {} ({} bytes) at its simulated peak but "
+             "has {} ({} bytes); give more memory or pin fewer layers", kPlanPlacementId, g.name(),
+             moved_after_placer, moved_after_placer == 1 ? " is" : "s are", d,
+             formatBytes(sim.devices[d].peak_bytes), sim.devices[d].peak_bytes, formatBytes(cap),
+             cap);
     MP_INTERNAL_ASSERT(sim.devices[d].peak_bytes <= cap,
                        "{}: simulated peak memory {} on device {} exceeds its capacity {} although "
                        "{} accepted the placement", kPlanPlacementId,

@@ -137,7 +137,9 @@ struct PlacementPlan {
 ///     neither 1 nor the devices, a machine too small), before any pass runs;
 ///   InvalidIrError for an input graph that does not verify, or naming the
 ///     pass after which the IR broke an invariant;
-///   PlanDoesNotFitError from the placer, naming layer, device and bytes;
+///   PlanDoesNotFitError from the placer, naming layer, device and bytes, or
+///     when nodes moved after the placer (pinned layers, in-place input
+///     writes) make a simulated peak exceed a device's capacity;
 ///   InternalError if a simulated peak exceeds a capacity the placer accepted.
 PlacementPlan planPlacement(const ir::Graph& g, const PlacementOptions& options = {});
 

@@ -84,7 +84,16 @@ class CompiledGraph {
   c10::IValue toIValue(PyObject* h, Py_ssize_t i) const {
     if (THPVariable_Check(h)) return THPVariable_Unpack(h);
     if (PyBool_Check(h)) return h == Py_True;  // before int: bool is an int in Python
-    if (PyLong_Check(h)) return static_cast<int64_t>(PyLong_AsLongLong(h));
+    if (PyLong_Check(h)) {
+      // Without the overflow flag PyLong_AsLongLong returns -1 and leaves an
+      // OverflowError set, which would surface later, somewhere unrelated.
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(h, &overflow);
+      MP_RT_CHECK(overflow == 0, ExecutionError, "modelpar: graph @", interp_.graph().name(),
+                  " argument ", i, ": the int is ", overflow > 0 ? "above" : "below",
+                  " the int64 range [-2**63, 2**63 - 1] that sizes and int arguments have");
+      return static_cast<int64_t>(v);
+    }
     if (PyFloat_Check(h)) return PyFloat_AS_DOUBLE(h);
     throw py::type_error(c10::str("modelpar: graph @", interp_.graph().name(), " argument ", i,
                                   ": expected a torch.Tensor, int, float or bool, got ",

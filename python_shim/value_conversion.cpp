@@ -21,7 +21,14 @@ std::vector<c10::IValue> toIValues(const py::sequence& inputs) {
     } else if (PyBool_Check(h.ptr())) {  // before int: bool is an int in Python
       out.emplace_back(h.cast<bool>());
     } else if (PyLong_Check(h.ptr())) {
-      out.emplace_back(h.cast<int64_t>());
+      int overflow = 0;
+      const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+      if (overflow != 0) {
+        throw ExecutionError(c10::str("input ", i, ": the int is ", overflow > 0 ? "above" : "below",
+                                      " the int64 range [-2**63, 2**63 - 1] that sizes and int "
+                                      "arguments have"));
+      }
+      out.emplace_back(static_cast<int64_t>(v));
     } else if (PyFloat_Check(h.ptr())) {
       out.emplace_back(h.cast<double>());
     } else {

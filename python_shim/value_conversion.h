@@ -11,7 +11,8 @@
 namespace modelpar {
 
 /// Tensors, bools, ints and floats to IValues; anything else raises
-/// TypeError naming the input's position and type.
+/// TypeError naming the input's position and type; an int outside int64 raises
+/// ExecutionError (never leaves a Python error set).
 std::vector<c10::IValue> toIValues(const pybind11::sequence& inputs);
 /// Tensors, bools, ints, floats and None back to Python; other kinds raise
 /// ExecutionError.

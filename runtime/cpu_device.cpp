@@ -13,6 +13,7 @@
 
 #include "runtime/check.h"
 #include "runtime/device.h"
+#include "runtime/threads.h"
 
 // Note [CPU streams]
 // ~~~~~~~~~~~~~~~~~~
@@ -40,9 +41,14 @@ namespace {
 
 class CpuStream final : public Stream {
  public:
-  CpuStream(std::string name, bool async, const std::atomic<bool>* cancelled)
+  /// `owner` names the device in the error when the stream's thread cannot start.
+  CpuStream(std::string name, bool async, const std::atomic<bool>* cancelled,
+            const std::string& owner = "")
       : Stream(std::move(name)), async_(async), cancelled_(cancelled) {
-    if (async_) thread_ = std::thread([this] { loop(); });
+    // Last, after every member loop() uses; a refusal leaves nothing to join.
+    if (async_) {
+      thread_ = startThread(c10::str(owner, " copy stream ", this->name()), [this] { loop(); });
+    }
   }
   ~CpuStream() override {
     if (!async_) return;
@@ -199,8 +205,10 @@ class CpuWorkerDevice final : public Device {
   void connectTo(Device& peer) override {
     MP_RT_CHECK(peer.kind() == DeviceKind::CpuWorker, InternalError,
                 "modelpar internal error: connecting a CPU worker to ", peer.describe());
-    std::unique_ptr<CpuStream>& s = tx_[peer.index()];
-    if (!s) s = std::make_unique<CpuStream>(c10::str("tx->", peer.index()), /*async=*/true, &cancelled_);
+    if (tx_.count(peer.index()) != 0) return;
+    // Built before it is inserted: a stream whose thread did not start leaves no entry.
+    tx_.emplace(peer.index(), std::make_unique<CpuStream>(c10::str("tx->", peer.index()),
+                                                          /*async=*/true, &cancelled_, describe()));
   }
   std::unique_ptr<Event> newEvent() override { return std::make_unique<CpuEvent>(); }
 

@@ -12,6 +12,7 @@
 #include "ir/verifier.h"
 #include "runtime/check.h"
 #include "runtime/executor_impl.h"
+#include "runtime/threads.h"
 
 namespace modelpar::runtime {
 namespace {
@@ -41,8 +42,21 @@ Executor::Impl::Impl(const ir::Program& p, const DeviceMap& map, ExecutorOptions
   resolve();
   initReplay();
 
+  // A worker that cannot start (the system refuses a thread) must not leave
+  // the ones before it running: the destructor does not run for a
+  // constructor that throws, and a joinable std::thread member would call
+  // std::terminate. Stop and join them, then report.
   for (size_t d = 0; d < lanes_.size(); ++d) {
-    lanes_[d].thread = std::thread([this, d] { workerMain(static_cast<int>(d)); });
+    try {
+      lanes_[d].thread = startThread(c10::str("the executor worker of ", lanes_[d].device->describe()),
+                                     [this, d] { workerMain(static_cast<int>(d)); });
+    } catch (const ExecutionError& e) {
+      stopWorkers();
+      if (map_.kind() == DeviceKind::CpuWorker) at::set_num_threads(caller_threads);
+      MP_RT_THROW(ExecutionError, "modelpar executor: started ", d, " of ", lanes_.size(),
+                  " workers of ", map_.toString(), ", then: ", e.what(),
+                  " (the started workers were stopped and joined)");
+    }
   }
   std::unique_lock<std::mutex> lock(ctl_mu_);
   done_cv_.wait(lock, [&] { return started_ == static_cast<int>(lanes_.size()); });

@@ -18,7 +18,10 @@ namespace modelpar::runtime {
 /// eq,ne,lt,le,gt,ge,not,float,int,ceil,floor}. Each takes and returns
 /// `Scalar`s with Python semantics (int op int -> int, floor division and
 /// modulo round toward minus infinity, truediv -> float; comparisons ->
-/// bool). Idempotent and thread-safe; call it before resolving a graph that
+/// bool). Where Python would raise or an int64 would overflow (division or
+/// modulo by zero, INT64_MIN // -1, a sum, product or power outside int64,
+/// int() of nan / inf) the op throws a c10::Error that the interpreters
+/// report as an ExecutionError (Note [Checked size arithmetic]). Idempotent and thread-safe; call it before resolving a graph that
 /// uses them (the Python module does so on import).
 void registerSymOps();
 

@@ -2,6 +2,7 @@
 #include "passes/pipeline/batch_symbol.h"
 
 #include <algorithm>
+#include <charconv>
 
 #include "ir/check.h"
 
@@ -73,6 +74,11 @@ std::optional<int64_t> evalDim(const ir::Dim& d, const std::string& symbol, int6
   auto ts = terms(std::string_view(d.symbol).substr(2), symbol);
   if (ts.empty()) return std::nullopt;
   // Sum of products: '*' binds tighter than '+' and '-'; '/' is not evaluated.
+  // Every step is checked: a size outside int64 is bad IR, not a wrapped number.
+  auto overflow = [&](std::string_view what) {
+    MP_THROW(InvalidIrError, "{}: dimension {} with {}={}: {} does not fit in int64", kWho,
+             d.symbol, symbol, value, what);
+  };
   int64_t sum = 0, product = 0;
   char sign = '+';
   for (size_t i = 0; i < ts.size(); ++i) {
@@ -81,20 +87,27 @@ std::optional<int64_t> evalDim(const ir::Dim& d, const std::string& symbol, int6
     if (tok == symbol) {
       x = value;
     } else if (!tok.empty() && std::all_of(tok.begin(), tok.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      x = std::stoll(tok);
+      auto [end, ec] = std::from_chars(tok.data(), tok.data() + tok.size(), x);
+      if (ec != std::errc() || end != tok.data() + tok.size()) overflow(fmt::format("the number {}", tok));
     } else {
       return std::nullopt;
     }
     if (op == 'd') return std::nullopt;
     if (op == 'x' && i > 0) {
-      product *= x;
+      if (__builtin_mul_overflow(product, x, &product)) overflow("the product");
       continue;
     }
-    if (i > 0) sum += sign == '+' ? product : -product;
+    if (i > 0 && (sign == '+' ? __builtin_add_overflow(sum, product, &sum)
+                              : __builtin_sub_overflow(sum, product, &sum))) {
+      overflow("the sum");
+    }
     sign = op == 'm' ? '-' : '+';
     product = x;
   }
-  sum += sign == '+' ? product : -product;
+  if (sign == '+' ? __builtin_add_overflow(sum, product, &sum)
+                  : __builtin_sub_overflow(sum, product, &sum)) {
+    overflow("the sum");
+  }
   return sum;
 }
 

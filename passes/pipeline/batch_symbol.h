@@ -38,7 +38,8 @@ bool dimMentions(const ir::Dim& d, const std::string& symbol);
 
 /// The size of d when `symbol` is `value`: d's static size, `value` for the
 /// symbol, the value of an expression of `symbol` and integers joined by
-/// + - * (`e_16xs0`, `e_s0p1`); nullopt otherwise.
+/// + - * (`e_16xs0`, `e_s0p1`); nullopt otherwise. Throws InvalidIrError when a
+/// number in d or the result does not fit in int64.
 std::optional<int64_t> evalDim(const ir::Dim& d, const std::string& symbol, int64_t value);
 
 /// The first dimension of a tensor type that mentions `symbol`; -1 if none.

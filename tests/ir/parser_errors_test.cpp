@@ -189,6 +189,80 @@ TEST(ParserErrors, ReportsFloatOutOfRange) {
                    {"number 1e400 is out of range"});
 }
 
+// Over-long digit strings and out-of-range numbers: every from_chars error
+// path is a ParseError naming the number, never an exception of another type.
+constexpr std::string_view k40Digits = "1234567890123456789012345678901234567890";
+
+TEST(ParserErrors, ReportsFortyDigitIntegerArgument) {
+  expectGraphError(inGraph("  %y: f32[2] = t::o(%x, " + std::string(k40Digits) + ")"), 2, 25,
+                   {"integer 1234567890123456789012345678901234567890 is out of range"});
+}
+
+TEST(ParserErrors, ReportsFortyDigitNegativeIntegerInAList) {
+  expectGraphError(inGraph("  %y: f32[2] = t::o(%x, [1, -" + std::string(k40Digits) + "])"), 2, 29,
+                   {"integer -1234567890123456789012345678901234567890 is out of range"});
+}
+
+TEST(ParserErrors, ReportsIntegerOneBelowInt64Min) {
+  expectGraphError(inGraph("  %y: f32[2] = t::o(%x, -9223372036854775809)"), 2, 25,
+                   {"integer -9223372036854775809 is out of range"});
+}
+
+TEST(ParserErrors, ReportsHundredThousandDigitIntegerWithoutCrashing) {
+  const std::string digits(100000, '7');
+  try {
+    parseGraph(inGraph("  %y: f32[2] = t::o(%x, " + digits + ")"));
+    ADD_FAILURE() << "expected a ParseError";
+  } catch (const ParseError& e) {
+    EXPECT_EQ(e.textColumn(), 25);
+    EXPECT_NE(std::string(e.what()).find("is out of range"), std::string::npos);
+  }
+}
+
+TEST(ParserErrors, ReportsFortyDigitDimension) {
+  expectGraphError("graph @g(%x: f32[2, " + std::string(k40Digits) + "] input) {\n  return\n}", 1, 21,
+                   {"dimension (an integer or a symbol) 1234567890123456789012345678901234567890 "
+                    "is out of range"});
+}
+
+TEST(ParserErrors, ReportsFloatArgumentOf1e999) {
+  expectGraphError(inGraph("  %y: f32[2] = t::o(%x, 1e999)"), 2, 25,
+                   {"number 1e999 is out of range for a double"});
+}
+
+TEST(ParserErrors, ReportsNegativeFloatArgumentOfMinus1e999) {
+  expectGraphError(inGraph("  %y: f32[2] = t::o(%x, -1.5e999)"), 2, 25,
+                   {"number -1.5e999 is out of range for a double"});
+}
+
+TEST(ParserErrors, ReportsCostTimeOf1e999) {
+  expectGraphError(
+      inGraph("  %y: f32[2] = aten::neg(%x) {cost={time_us=1e999, out=0, temp=0, persist=0}}"), 2,
+      45, {"number 1e999 is out of range for a double"});
+}
+
+TEST(ParserErrors, ReportsFortyDigitCostBytes) {
+  expectGraphError(inGraph("  %y: f32[2] = aten::neg(%x) {cost={time_us=1, out=" +
+                           std::string(k40Digits) + ", temp=0, persist=0}}"),
+                   2, 52, {"output bytes 1234567890123456789012345678901234567890 is out of range"});
+}
+
+TEST(ParserErrors, ReportsFortyDigitMicroBatch) {
+  expectGraphError(inGraph("  %y: f32[2] = aten::neg(%x) {mb=" + std::string(k40Digits) + "}"), 2,
+                   34, {"micro-batch 1234567890123456789012345678901234567890 is out of range"});
+}
+
+TEST(ParserErrors, ReportsListsNestedTooDeeply) {
+  const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+  expectGraphError(inGraph("  %y: f32[2] = t::o(%x, " + deep + ")"), 2, 57,
+                   {"lists nest deeper than 32 levels"});
+}
+
+TEST(ParserAccepts, ListsNestedThirtyTwoDeep) {
+  const std::string deep = std::string(32, '[') + "1" + std::string(32, ']');
+  EXPECT_NO_THROW(parseGraph(inGraph("  %y: f32[2] = t::o(%x, " + deep + ")")));
+}
+
 // ---- node attributes ----
 
 TEST(ParserErrors, ReportsUnknownAttribute) {
@@ -247,6 +321,22 @@ TEST(ParserErrors, ReportsGarbageWhereDeviceBlockShouldBe) {
 TEST(ParserErrors, ReportsDeviceBlockOutOfRange) {
   expectProgramError(std::string(kProgramHead) + "device 3 {\n}\n", 7, 8,
                      {"device block 3 is out of range (program has 2 devices)"});
+}
+
+TEST(ParserErrors, ReportsFortyDigitDeviceCount) {
+  expectProgramError("program devices=" + std::string(k40Digits) + "\ngraph @g() {\n  return\n}", 1,
+                     17, {"device count 1234567890123456789012345678901234567890 is out of range"});
+}
+
+TEST(ParserErrors, ReportsFortyDigitDeviceBlock) {
+  expectProgramError(std::string(kProgramHead) + "device " + std::string(k40Digits) + " {\n}", 7, 8,
+                     {"device block 1234567890123456789012345678901234567890 is out of range"});
+}
+
+TEST(ParserErrors, ReportsFortyDigitSendPeer) {
+  expectProgramError(std::string(kProgramHead) + "device 0 {\n  send %x -> " +
+                         std::string(k40Digits) + "\n}",
+                     8, 14, {"destination device 1234567890123456789012345678901234567890 is out of range"});
 }
 
 TEST(ParserErrors, ReportsDeviceBlockGivenTwice) {

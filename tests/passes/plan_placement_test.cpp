@@ -2,6 +2,7 @@
 // checks, verification naming the pass, dumps, progress, statistics, and the
 // caller's graph left untouched when anything throws.
 #include "passes/plan_placement.h"
+#include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
 
 #include <gtest/gtest.h>
@@ -100,6 +101,44 @@ TEST(PlanPlacement, PinnedLayersRunOnTheirDevicesWhateverThePlacerChose) {
   PlacementOptions bad = twoDevices();
   bad.pinned_layers = {{"a", 2}};
   EXPECT_THROW(planPlacement(g, bad), ConfigError);
+}
+
+// Pinning moves nodes after the placer checked memory; when that overfills a
+// device the plan does not fit. Found by tests/python/test_fuzz_plans.py
+// (seed 100730): it was an InternalError "simulated peak memory 264 B on
+// device 1 exceeds its capacity 256 B although place-metf accepted the
+// placement": pinning layer l1 (%v2, %v7) to device 1 moves them there
+// after the placer had filled it to 256 B or less.
+constexpr const char* kPinnedOverfill = R"(
+graph @fuzz100730(%x0: f32[3, 7] input, %x1: f32[3, 3] input, %w2: f32[3, 5] param, %w3: f32[5, 2] param, %w4: f32[5, 6] param) {
+  %v2: f32[3, 1] = aten::sum.dim_IntList(%x1, [1], keepdim=true, dtype=None) {layer="l1", phase=fwd, cost={time_us=33.248, out=64, temp=0, persist=0}}
+  %v1: f32[3, 3] = aten::add.Tensor(%x1, %v2) {layer="l0", phase=fwd, cost={time_us=50.252, out=64, temp=0, persist=0}}
+  %v3: f32[3, 5] = aten::mm(%x1, %w2) {layer="l0", phase=fwd, cost={time_us=23.522, out=1024, temp=0, persist=0}}
+  %v4: f32[3, 5] = aten::neg(%v3) {layer="l0", phase=fwd, cost={time_us=0.858, out=16, temp=0, persist=0}}
+  %v5: f32[3, 5] = aten::mul.Tensor(%v4, %v3) {layer="l0", phase=fwd, cost={time_us=8.611, out=1024, temp=0, persist=0}}
+  %v6: f32[3, 2] = aten::mm(%v4, %w3) {layer="l0", phase=fwd, cost={time_us=57.388, out=1024, temp=0, persist=0}}
+  %v7: f32[3, 6] = aten::mm(%v4, %w4) {layer="l1", phase=fwd, cost={time_us=8.929, out=64, temp=0, persist=0}}
+  return %v2, %v1, %v5, %v6, %v7
+}
+)";
+
+TEST(PlanPlacement, PinnedLayersThatOverfillADeviceDoNotFit) {
+  ir::Graph g = ir::parseGraph(kPinnedOverfill);
+  for (const char* placer : {"m-etf", "m-sct"}) {
+    PlacementOptions o;
+    o.devices = 3;
+    o.placer = placer;
+    o.memory_bytes = {256};
+    o.coarsen = false;
+    o.dump_dir = "";
+    ASSERT_NO_THROW(planPlacement(g, o)) << placer << ": fits unpinned";
+    o.pinned_layers = {{"l1", 1}};
+    const std::string m = modelpar::testing::messageOf<PlanDoesNotFitError>([&] { planPlacement(g, o); });
+    EXPECT_NE(m.find("graph @fuzz100730 does not fit once "), std::string::npos) << placer << ": " << m;
+    EXPECT_NE(m.find("moved to pinned layers' (or written inputs') devices: device 1 needs 264 B "
+                     "(264 bytes) at its simulated peak but has 256 B (256 bytes)"),
+              std::string::npos) << placer << ": " << m;
+  }
 }
 
 TEST(PlanPlacement, CoarseningKeepsCoplacedNodesTogether) {

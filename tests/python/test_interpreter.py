@@ -325,3 +325,56 @@ def test_non_tensor_input_raises_type_error():
     g = modelpar.parse_graph(LIN)
     with pytest.raises(TypeError, match="input 1: expected a torch.Tensor, int, float or bool, got str"):
         modelpar.run_graph(g, [torch.randn(4, 8), "w"])
+
+
+# ---- ints outside int64 and size arithmetic (Note [Checked size arithmetic]) -------
+
+SIZE = """
+graph @size(%a: int input, %b: int input) {
+  %q: int = modelpar::sym_floordiv(%a, %b)
+  return %q
+}
+"""
+
+
+@pytest.mark.parametrize("big, side", [(2**63, "above"), (2**200, "above"), (-(2**63) - 1, "below")])
+def test_int_argument_outside_int64_raises_execution_error_and_leaves_no_python_error(big, side):
+    g = modelpar.parse_graph(SIZE)
+    with pytest.raises(modelpar.ExecutionError, match=f"input 0: the int is {side} the int64 range"):
+        modelpar.run_graph(g, [big, 1])
+    # Nothing was left set: the next call through the same binding works.
+    assert modelpar.run_graph(g, [7, 2]) == [3]
+
+
+@pytest.mark.parametrize("big, side", [(2**63, "above"), (-(2**70), "below")])
+def test_compiled_graph_int_argument_outside_int64_raises_execution_error(big, side):
+    cg = modelpar._C.CompiledGraph(modelpar.parse_graph(SIZE), [0], [])
+    args = [9, big]
+    with pytest.raises(modelpar.ExecutionError, match=f"graph @size argument 1: the int is {side} the int64 range"):
+        cg(args)
+    assert args == [9, big], "arguments are stolen only once they have all converted"
+    assert cg.run([7, 2]) == [3]
+    assert int("12") == 12  # a pending OverflowError would surface on the next C call
+
+
+def test_int64_min_floordiv_minus_one_raises_execution_error():
+    with pytest.raises(modelpar.ExecutionError, match=r"node %q \(modelpar::sym_floordiv\): .*-9223372036854775808 // -1 does not fit in int64"):
+        modelpar.run_graph(modelpar.parse_graph(SIZE), [-(2**63), -1])
+
+
+def test_floordiv_by_zero_raises_execution_error():
+    with pytest.raises(modelpar.ExecutionError, match=r"integer division by zero \(5 // 0\)"):
+        modelpar.run_graph(modelpar.parse_graph(SIZE), [5, 0])
+
+
+def test_nan_converted_to_int_raises_execution_error():
+    g = modelpar.parse_graph("""
+graph @f(%x: float input) {
+  %i: int = modelpar::sym_int(%x)
+  return %i
+}
+""")
+    with pytest.raises(modelpar.ExecutionError, match="sym_int: cannot convert float nan to integer"):
+        modelpar.run_graph(g, [float("nan")])
+    with pytest.raises(modelpar.ExecutionError, match="sym_int: cannot convert float inf to integer"):
+        modelpar.run_graph(g, [float("inf")])

@@ -15,6 +15,9 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
 
+#include "ir/error.h"
+#include "runtime/threads.h"
+
 namespace modelpar::runtime {
 namespace {
 
@@ -26,6 +29,29 @@ struct Pair {
   Device& b = *devs[1];
   Pair() { a.connectTo(b); }
 };
+
+// A copy stream whose thread the system refuses: a typed error naming the
+// device and stream, no half-made stream left behind, and a later connect works.
+TEST(CpuDevice, RefusedCopyStreamThreadIsAnExecutionErrorAndLeavesNoStream) {
+  std::vector<std::unique_ptr<Device>> devs = createDevices(DeviceMap::cpuWorkers(2, 1));
+  const int live = liveThreads();
+  failThreadStartForTesting(1);
+  try {
+    devs[0]->connectTo(*devs[1]);
+    ADD_FAILURE() << "connectTo did not throw";
+  } catch (const ExecutionError& e) {
+    EXPECT_NE(std::string(e.what()).find("cannot start the thread of logical device 0 (cpu worker) "
+                                         "copy stream tx->1"),
+              std::string::npos)
+        << e.what();
+  }
+  failThreadStartForTesting(0);
+  EXPECT_EQ(liveThreads(), live);
+  EXPECT_THROW(devs[0]->tx(1), InternalError);  // no entry for the stream that failed
+  devs[0]->connectTo(*devs[1]);
+  EXPECT_EQ(liveThreads(), live + 1);
+  EXPECT_EQ(devs[0]->tx(1).name(), "tx->1");
+}
 
 TEST(CpuDevice, TransmitStreamRunsWorkInOrderOffTheCallingThread) {
   Pair p;

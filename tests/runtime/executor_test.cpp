@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -28,6 +29,7 @@
 #include "ir/parser.h"
 #include "ir/verifier.h"
 #include "runtime/program_interpreter.h"
+#include "runtime/threads.h"
 
 namespace {
 
@@ -415,6 +417,57 @@ TEST(Executor, DeviceMapMustFitTheProgram) {
   ir::Program p = ir::parseProgram(pipelinedChain(2, 1, 1));
   EXPECT_HAS(messageOf<ConfigError>([&] { Executor(p, DeviceMap::cpuWorkers(3)); }),
              "the program has 2 devices but the device map 3 cpu-workers");
+}
+
+// Threads of this process, as the kernel counts them (Linux), once the count
+// stops changing: a joined thread can linger in /proc for a moment.
+int osThreads() {
+  auto count = [] {
+    int n = 0;
+    for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) n += e.exists();
+    return n;
+  };
+  int n = count();
+  for (int i = 0; i < 200; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const int m = count();
+    if (m == n) return n;
+    n = m;
+  }
+  return n;
+}
+
+// Thread creation failing half-way through the constructor: the threads
+// already started (copy streams, then workers) are stopped and joined, and
+// the failure is a typed ExecutionError naming the thread. pipelinedChain(4,
+// ...) starts 3 copy streams (resolve) and then 4 workers: starts 1..3 fail
+// among the copy streams, 4..7 among the workers.
+TEST(Executor, ThreadStartFailingHalfWayLeaksNoThreadAndIsAnExecutionError) {
+  ir::Program p = ir::parseProgram(pipelinedChain(4, 1, 1));
+  std::vector<IValue> in = chainInputs(4, 1, 1);
+  { Executor warm(p, DeviceMap::cpuWorkers(4, 1)); warm.run(in); }  // lazy ATen / OpenMP state
+  const int live = liveThreads();
+  const int os = osThreads();
+  for (int k = 1; k <= 7; ++k) {
+    failThreadStartForTesting(k);
+    const std::string m = messageOf<ExecutionError>([&] { Executor(p, DeviceMap::cpuWorkers(4, 1)); });
+    failThreadStartForTesting(0);
+    EXPECT_HAS(m, "modelpar: cannot start the thread of ");
+    EXPECT_HAS(m, "Resource temporarily unavailable");
+    if (k <= 3) {
+      EXPECT_HAS(m, c10::str("logical device ", k - 1, " (cpu worker) copy stream tx->", k));
+    } else {
+      EXPECT_HAS(m, c10::str("modelpar executor: started ", k - 4, " of 4 workers of 4 cpu-workers"));
+      EXPECT_HAS(m, c10::str("the executor worker of logical device ", k - 4, " (cpu worker)"));
+      EXPECT_HAS(m, "(the started workers were stopped and joined)");
+    }
+    EXPECT_EQ(liveThreads(), live) << "start " << k << " failed: " << m;
+    EXPECT_EQ(osThreads(), os) << "start " << k << " failed: " << m;
+  }
+  // Disarmed, the same program builds and runs.
+  Executor ex(p, DeviceMap::cpuWorkers(4, 1));
+  expectSame(ex.run(in), ProgramInterpreter(p).run(in));
+  EXPECT_EQ(liveThreads(), live + 7);
 }
 
 TEST(DeviceMap, ParsesSpecs) {

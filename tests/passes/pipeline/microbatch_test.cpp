@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <limits>
 #include <map>
 #include <sstream>
 
@@ -165,6 +166,35 @@ TEST(Microbatch, DynamicGraphSizesBecomeConstantsAndOutputsAreConcatenated) {
   EXPECT_EQ(nodeText(out, "v"), R"(%v: f32[24] = aten::cat([%v.mb0, %v.mb1], 0) {layer="l", phase=fwd})");
   EXPECT_EQ(typeOf(out, "x"), "f32[6, 4]");
   EXPECT_EQ(nodeText(out, "wt"), R"(%wt: f32[4, 4] = aten::t(%w) {layer="l", phase=fwd})");
+}
+
+// Sizes are int64: a number or a result outside it is bad IR, not a wrapped
+// size (and never std::stoll's std::out_of_range).
+TEST(BatchSymbol, DimExpressionOutsideInt64IsInvalidIr) {
+  auto sym = [](const char* s) { return ir::Dim::symbolic(s); };
+  EXPECT_HAS(messageOf<InvalidIrError>([&] { evalDim(sym("e_99999999999999999999xs0"), "s0", 3); }),
+             "modelpar microbatch: dimension e_99999999999999999999xs0 with s0=3: the number "
+             "99999999999999999999 does not fit in int64");
+  EXPECT_HAS(messageOf<InvalidIrError>([&] { evalDim(sym("e_4611686018427387904xs0"), "s0", 2); }),
+             "the product does not fit in int64");
+  EXPECT_HAS(messageOf<InvalidIrError>(
+                 [&] { evalDim(sym("e_s0p1"), "s0", std::numeric_limits<int64_t>::max()); }),
+             "the sum does not fit in int64");
+  EXPECT_HAS(messageOf<InvalidIrError>(
+                 [&] { evalDim(sym("e_s0m2x3"), "s0", std::numeric_limits<int64_t>::min() + 1); }),
+             "the sum does not fit in int64");
+  EXPECT_EQ(evalDim(sym("e_4611686018427387903x2p1"), "s0", 0), std::numeric_limits<int64_t>::max());
+}
+
+TEST(Microbatch, RefusesADimensionThatOverflowsWhenInstantiated) {
+  const std::string g = R"(
+graph @dyn(%s0: int input, %x: f32[s0, 4] input) {
+  %v: f32[e_9223372036854775807xs0] = aten::view(%x, [-1]) {layer="l", phase=fwd}
+  return %v
+}
+)";
+  EXPECT_HAS(messageOf<InvalidIrError>([&] { microbatch(ir::parseGraph(g), opts(2, 6)); }),
+             "dimension e_9223372036854775807xs0 with s0=3: the product does not fit in int64");
 }
 
 TEST(BatchSymbol, EvaluatesTorchCompileDimExpressions) {
