@@ -98,6 +98,14 @@ std::string PipelinePlan::summary() const {
       numStages(), program.numDevices(), microbatch_sizes.size(),
       microbatch_sizes.empty() ? 0 : microbatch_sizes.front(), schedule, partition.method,
       checkpoint, portals ? "portals" : "skips relayed stage by stage");
+  if (numStages() < machine.numDevices()) {
+    out += fmt::format(
+        "  note: {} devices were asked for and partition {} made {} stages: no cut into more "
+        "stages had a shorter period than its {} (their transfers cost more than the compute "
+        "they spread, or, for madpipe, they do not fit); partition='balance-time' gives one "
+        "stage per device\n",
+        machine.numDevices(), partition.method, numStages(), formatMicros(partition.period_us));
+  }
   for (int s = 0; s < numStages(); ++s) {
     int begin = partition.stage_begin[static_cast<size_t>(s)];
     int end = partition.stageEnd(s, chain.size());
@@ -182,6 +190,18 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
     return chainFromGraph(unit, co);
   });
   timer.last().detail = fmt::format("{} layers", plan.chain.size());
+  // N devices are N stages, one per device (MadPipe may share a device):
+  // a chain shorter than that cannot give them, and says so.
+  if (plan.chain.size() < o.devices) {
+    std::string names;
+    for (const ChainLayer& l : plan.chain.layers) names += (names.empty() ? "" : ", ") + l.name;
+    MP_THROW(ConfigError,
+             "modelpar {}: graph @{} has {} layer{} ({}), so it cannot be cut into {} stages for "
+             "devices={}; use devices={} or fewer, or a model with more modules (the layers are "
+             "the modules that make the graph's nodes)",
+             kPlanPipelineId, step.name(), plan.chain.size(), plan.chain.size() == 1 ? "" : "s",
+             names, o.devices, o.devices, plan.chain.size());
+  }
 
   PartitionOptions po;
   po.method = o.partition;

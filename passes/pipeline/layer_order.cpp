@@ -5,6 +5,7 @@
 #include <functional>
 #include <limits>
 #include <queue>
+#include <set>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -105,6 +106,30 @@ LayerOrder orderLayers(const ir::Graph& g) {
   ir::verify(g);
   const size_t nn = g.numNodes();
 
+  // 0. Note [Container modules]: a module's own nodes (a block's residual
+  //    adds, a transformer's embedding sum and output view) run before and
+  //    after its submodules', so as a layer of its own it would make a cycle
+  //    with them and merge a whole block, or the whole body, into one layer.
+  //    A forward layer that is a dotted prefix of another forward layer is a
+  //    container: its nodes are treated as unlayered (step 3 puts them with
+  //    the layer before them), and the submodules stay layers of their own.
+  std::set<std::string, std::less<>> forward_layers;
+  for (const ir::Node& n : g.nodes()) {
+    if (isForward(n) && !n.layer.empty()) forward_layers.insert(n.layer);
+  }
+  std::unordered_set<std::string> containers;
+  for (const std::string& l : forward_layers) {
+    const std::string child = l + ".";
+    auto next = forward_layers.lower_bound(child);  // the first name >= "l."
+    if (next != forward_layers.end() && next->compare(0, child.size(), child) == 0) {
+      containers.insert(l);
+    }
+  }
+  auto layerOf = [&](const ir::Node& n) -> const std::string& {
+    static const std::string kNone;
+    return containers.count(n.layer) ? kNone : n.layer;
+  };
+
   // 1. Units: layers first (by first forward node), then unlayered forward nodes.
   std::unordered_map<std::string, int> unit_of_layer;
   std::vector<std::string> unit_name;  // empty for an unlayered node's unit
@@ -114,16 +139,18 @@ LayerOrder orderLayers(const ir::Graph& g) {
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
     if (!isForward(n)) continue;
-    if (n.layer.empty() && writesInput(g, n)) {
+    const std::string& layer = layerOf(n);
+    if (layer.empty() && writesInput(g, n)) {
       // An in-place write back into a graph input (AOTAutograd's copy_ of a
       // buffer's new value) runs where the input lives: with the first
       // layered forward node that reads it (a cycle this makes merges).
       for (ir::NodeId r : users[static_cast<size_t>(n.args[0].toValue())]) {
         const ir::Node& rn = g.node(r);
-        if (static_cast<size_t>(r) == i || rn.layer.empty() || !isForward(rn)) continue;
-        auto [it, fresh] = unit_of_layer.emplace(rn.layer, static_cast<int>(unit_name.size()));
+        const std::string& rl = layerOf(rn);
+        if (static_cast<size_t>(r) == i || rl.empty() || !isForward(rn)) continue;
+        auto [it, fresh] = unit_of_layer.emplace(rl, static_cast<int>(unit_name.size()));
         if (fresh) {
-          unit_name.push_back(rn.layer);
+          unit_name.push_back(rl);
           unit_first.push_back(static_cast<size_t>(r));
         }
         unit_of_node[i] = it->second;
@@ -131,18 +158,75 @@ LayerOrder orderLayers(const ir::Graph& g) {
       }
       if (unit_of_node[i] >= 0) continue;
     }
-    if (n.layer.empty()) {
+    if (layer.empty()) {
       unit_of_node[i] = static_cast<int>(unit_name.size());
       unit_name.emplace_back();
       unit_first.push_back(i);
       continue;
     }
-    auto [it, fresh] = unit_of_layer.emplace(n.layer, static_cast<int>(unit_name.size()));
+    auto [it, fresh] = unit_of_layer.emplace(layer, static_cast<int>(unit_name.size()));
     if (fresh) {
-      unit_name.push_back(n.layer);
+      unit_name.push_back(layer);
       unit_first.push_back(i);
     }
     unit_of_node[i] = it->second;
+  }
+  // Note [Reused modules]: a module called at several places (T5's stack
+  // dropout before and after the blocks, an embedding shared by encoder and
+  // decoder) is one name over separate calls; as one unit it would make a
+  // cycle with everything between its calls. A layer's forward nodes are one
+  // unit per weakly connected group of them (a call's nodes read each other,
+  // or the same buffer or input; a shared parameter does not join calls);
+  // the groups after the first are named `<layer>#2`, `#3`, ...
+  {
+    const size_t named = unit_name.size();
+    std::vector<int> parent(nn);
+    for (size_t i = 0; i < nn; ++i) parent[i] = static_cast<int>(i);
+    auto find = [&](int x) {
+      while (parent[static_cast<size_t>(x)] != x) {
+        parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
+        x = parent[static_cast<size_t>(x)];
+      }
+      return x;
+    };
+    std::unordered_map<int64_t, int> reader_of_input;  // (unit, input value) -> a node
+    for (size_t i = 0; i < nn; ++i) {
+      int u = unit_of_node[i];
+      if (u < 0 || unit_name[static_cast<size_t>(u)].empty()) continue;
+      for (ir::ValueId x : g.nodes()[i].inputs()) {
+        ir::NodeId p = g.value(x).producer;
+        if (p != ir::kNoId && unit_of_node[static_cast<size_t>(p)] == u) {
+          parent[static_cast<size_t>(find(static_cast<int>(i)))] = find(static_cast<int>(p));
+        }
+        std::optional<size_t> in = g.inputIndex(x);
+        if (p == ir::kNoId && in && g.inputs()[*in].role != ir::InputRole::Parameter) {
+          int64_t key = static_cast<int64_t>(u) * static_cast<int64_t>(g.numValues()) + x;
+          auto [it, fresh] = reader_of_input.emplace(key, static_cast<int>(i));
+          if (!fresh) parent[static_cast<size_t>(find(static_cast<int>(i)))] = find(it->second);
+        }
+      }
+    }
+    std::unordered_map<int, int> unit_of_group;  // group root -> unit
+    std::vector<int> groups_of_unit(named, 0);
+    for (size_t i = 0; i < nn; ++i) {
+      int u = unit_of_node[i];
+      if (u < 0 || static_cast<size_t>(u) >= named || unit_name[static_cast<size_t>(u)].empty()) continue;
+      int root = find(static_cast<int>(i));
+      auto it = unit_of_group.find(root);
+      if (it == unit_of_group.end()) {
+        int k = ++groups_of_unit[static_cast<size_t>(u)];
+        int v = u;
+        if (k > 1) {  // a later call of the same module
+          std::string name = fmt::format("{}#{}", unit_name[static_cast<size_t>(u)], k);
+          v = static_cast<int>(unit_name.size());
+          unit_name.push_back(name);
+          unit_first.push_back(i);
+          unit_of_layer.emplace(name, v);
+        }
+        it = unit_of_group.emplace(root, v).first;
+      }
+      unit_of_node[i] = it->second;
+    }
   }
   MP_CHECK(!unit_of_layer.empty(), ConfigError,
            "modelpar {}: graph @{} has no forward node with a layer; a pipeline cuts the model "
@@ -262,7 +346,7 @@ LayerOrder orderLayers(const ir::Graph& g) {
     int u = unit_of_node[i];
     if (u < 0) continue;
     pos[i] = layer_of_comp[static_cast<size_t>(comp[static_cast<size_t>(u)])];
-    if (g.nodes()[i].layer.empty()) ++out.unlayered_nodes;
+    if (layerOf(g.nodes()[i]).empty()) ++out.unlayered_nodes;
   }
   // Backward nodes: named -> their layer; unlayered gradient readers -> the
   // earliest layer they read a gradient from; the rest -> the latest layer of
@@ -278,7 +362,7 @@ LayerOrder orderLayers(const ir::Graph& g) {
       if (p == ir::kNoId || !gradient[static_cast<size_t>(p)]) continue;
       earliest = std::min(earliest, pos[static_cast<size_t>(p)]);
     }
-    auto it = n.layer.empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
+    auto it = layerOf(n).empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
     if (it != pos_of_name.end()) {
       // Its layer, unless a gradient it reads comes from an earlier one
       // (AOTAutograd tags some gradient sums with an unrelated module).

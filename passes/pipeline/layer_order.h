@@ -9,7 +9,11 @@
 // with the module whose forward() called them, or nothing at the top level.
 // As captured, these names are not a chain:
 //   * nested names interleave: GPT's `blocks.0` (the residual adds) runs
-//     before and after `blocks.0.fc`, so neither can come first;
+//     before and after `blocks.0.fc`, so neither can come first. A layer
+//     that is the dotted prefix of another (a container module) is not a
+//     layer of its own: its nodes are treated as unlayered (Note [Container
+//     modules] in the .cpp), so blocks and their submodules stay separate
+//     layers instead of merging (a whole GPT-2 body into one layer);
 //   * first appearance is not topological: AOTAutograd hoists weight-only
 //     nodes (`t(fc.weight)`), so a late layer can appear early;
 //   * unlayered nodes (F.relu, flatten, detach of a saved value) must still

@@ -21,6 +21,16 @@ namespace {
 
 constexpr std::string_view kFunctionalBn = "aten::_native_batch_norm_legit_functional";
 
+/// Ops that read their tensor argument for its dtype, device or sizes only.
+bool readsItsArgumentForMetadataOnly(std::string_view op) {
+  for (std::string_view m : {"aten::new_ones", "aten::new_zeros", "aten::new_empty",
+                             "aten::new_full", "aten::new_empty_strided", "aten::sym_size",
+                             "aten::sym_numel", "aten::sym_stride", "aten::size"}) {
+    if (op == m) return true;
+  }
+  return false;
+}
+
 /// What to say when a batch-norm op's statistics stop the split.
 std::string batchNormHint(std::string_view op, BatchNormMode mode) {
   if (op.find("batch_norm") == std::string_view::npos) return "";
@@ -276,9 +286,16 @@ void Microbatcher::checkExactness() const {
     if (on_path && !isReducer(id)) checkLinear(id, on);
     if (on_path || nd.phase.value_or(Phase::Forward) != Phase::Forward) continue;
     if (isDeferredBn(id)) continue;  // its statistics: see findDeferredBatchNorms
+    // Note [Outputs without a batch dimension]: a forward output that lost
+    // the batch dimension is a reduction over the batch only if it holds data
+    // computed from the batch: an empty tensor (eval-mode batch norm's saved
+    // statistics) holds none, and the new_* factories read their argument
+    // for its dtype and device only (a 0-d new_ones).
+    if (readsItsArgumentForMetadataOnly(nd.op)) continue;
     for (ValueId o : nd.outputs) {
       const Type& t = g_.value(o).type;
       if (!t.isTensor() || hasBatchDim(o)) continue;
+      if (std::optional<int64_t> n = t.numel(); n && *n == 0) continue;
       MP_THROW(UnsupportedOpError,
                "{}: graph @{}: %{} = {} reduces over the batch in the forward and is not the "
                "loss: per micro-batch it would differ from the full batch's{}",

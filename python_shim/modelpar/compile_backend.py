@@ -72,8 +72,11 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                                                min_cut_rematerialization_partition)
 
     opts = resolve_options(options, mode)
+    roles = _dynamo_inputs(gm, example_inputs)
+    if opts.pipeline is not None:
+        _retrace_with_a_symbolic_batch(gm, example_inputs, roles)
     plan = new_plan(*_user_code(gm), opts)
-    capture = _Capture(plan, opts, _dynamo_inputs(gm, example_inputs))
+    capture = _Capture(plan, opts, roles)
     partitioner = (min_cut_rematerialization_partition if opts.partitioner == "min_cut"
                    else default_partition)
 
@@ -91,6 +94,51 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
                        # stats under no_grad) stay in the graph as copy_ nodes.
                        keep_inference_input_mutations=True)
     return aot(gm, example_inputs)
+
+
+# Note [A static batch under the pipeline option]: the pipeline passes split
+# the batch dimension, which must be symbolic in the captured graph: with a
+# static batch Dynamo has folded the batch size into the graph as a number
+# (views, expands, arange), where no pass can tell it from a hidden size. So
+# the user does not have to call mark_dynamic: when the data inputs of a
+# graph captured under `pipeline` all have a static first dimension, the
+# backend marks dim 0 of every data input whose first dimension is the batch
+# size (the first data input's) with torch._dynamo.maybe_mark_dynamic (which
+# lets Dynamo specialise a dimension that is not really free) and raises
+# TensorifyScalarRestartAnalysis, the one RestartAnalysis that Dynamo lets
+# pass out of a backend (torch/_dynamo/output_graph.py, _call_user_compiler):
+# Dynamo traces the frame again, this time with a symbolic batch. If the
+# retrace is still static (dynamic=False, or the batch was specialised in the
+# model), compile_pipeline._batch_input raises a ConfigError naming the inputs.
+
+
+def _retrace_with_a_symbolic_batch(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
+                                   roles: Sequence[tuple[InputRole, str | None]]) -> None:
+    """Asks Dynamo to trace again with a symbolic batch when the captured
+    graph's batch is static (Note [A static batch under the pipeline option]);
+    returns when there is nothing to do."""
+    try:
+        from torch._dynamo.exc import TensorifyScalarRestartAnalysis
+    except ImportError:  # an older torch: the ConfigError says what to do
+        return
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    data = [(node, t) for node, t, (role, _) in zip(placeholders, example_inputs, roles)
+            if role is InputRole.INPUT and isinstance(t, torch.Tensor)
+            and not isinstance(t, torch.nn.Parameter) and t.dim() > 0]
+    if not data:
+        return
+    for node, _ in data:
+        val = node.meta.get("example_value")
+        if isinstance(val, torch.Tensor) and val.dim() > 0 and isinstance(val.shape[0], torch.SymInt):
+            return  # already symbolic
+    batch = data[0][1].shape[0]
+    batched = [t for _, t in data if t.shape[0] == batch]
+    if all(0 in getattr(t, "_dynamo_weak_dynamic_indices", ()) for t in batched):
+        return  # asked once already and still static: _batch_input explains
+    for t in batched:
+        torch._dynamo.maybe_mark_dynamic(t, 0)
+    raise TensorifyScalarRestartAnalysis(
+        restart_reason="modelpar pipeline: tracing again with a symbolic batch dimension")
 
 
 def _scalar_tangent(bw_module: torch.fx.GraphModule, fw_module: torch.fx.GraphModule,
@@ -324,7 +372,7 @@ class _Capture:
             step = PipelineStep(self.opts, self.plan, name)
             scalar = _scalar_tangent(bw_module, fw_module, num_fwd_outputs or 0)
             step.join(fw_graph, bw_graph, fw_module, bw_module, num_fwd_outputs or 0, saved,
-                      tangents, fw.output_map, bw.output_map, scalar)
+                      tangents, fw.output_map, bw.output_map, scalar, fw.constants, bw.constants)
             self.pipe = step
             self.pipe_texts = {"forward": fw.text, "backward": bw.text}
             return
@@ -351,7 +399,7 @@ class _Capture:
         from .compile_pipeline import PipelineStep
         if kind is GraphKind.INFERENCE:
             step = PipelineStep(self.opts, self.plan, self.plan.name)
-            step.inference(graph, gm, imported.output_map)
+            step.inference(graph, gm, imported.output_map, imported.constants)
             return step.forward()
         pipe = self.pipe
         if pipe is None or self.pipe_texts.get(kind.value) != imported.text:

@@ -33,9 +33,13 @@ dropped when autograd frees that tensor (after the backward, or with the
 graph). Inference graphs (``torch.no_grad``) are micro-batched and pipelined
 forward only.
 
-The batch dimension must be symbolic: ``torch._dynamo.mark_dynamic(x, 0)``
-on every batched input before the first call (or ``dynamic=True``, which
-also makes other sizes symbolic; deferred batch norm then refuses).
+The batch dimension must be symbolic. Users need not say so: with a static
+batch the backend asks Dynamo to trace again with dim 0 of the batched
+inputs dynamic (Note [A static batch under the pipeline option] in
+compile_backend.py).
+
+Constant tensors the graphs read (lifted attributes, ``_tensor_constant*``)
+are bound by name on every call, as on one device.
 """
 
 from __future__ import annotations
@@ -122,6 +126,7 @@ class PipelineStep:
         self.tangent_positions: list[int] = []
         self.graph_kind = "training"
         self.batch_input = -1  # the forward input whose dim 0 is the batch
+        self.constants: dict[str, torch.Tensor] = {}  # joint graph input name -> lifted constant
 
     # -- building --------------------------------------------------------
 
@@ -129,7 +134,8 @@ class PipelineStep:
              bw_module: torch.fx.GraphModule, num_fwd_outputs: int,
              saved: list[tuple[str, str]], tangents: list[tuple[str, str]],
              fw_output_map: Sequence[int], bw_output_map: Sequence[int],
-             scalar_loss: bool) -> None:
+             scalar_loss: bool, fw_constants: Sequence[torch.Tensor] = (),
+             bw_constants: Sequence[torch.Tensor] = ()) -> None:
         """Joins the two graphs and decides the mode (step when the backward
         starts from one scalar loss, else split).
 
@@ -169,9 +175,15 @@ class PipelineStep:
         joint_name = dict(zip([n for n in bw_in if n not in linked], extra))
         self.tangent_names = ([joint_name.get(bw_in[i], "") for i in self.tangent_positions]
                               if self.mode == "split" else [])
+        # Lifted constants are the trailing inputs of each graph (fx_import).
+        fw_in = self.fw_input_names
+        self.constants = dict(zip(fw_in[len(fw_in) - len(fw_constants):], fw_constants))
+        for name, t in zip(bw_in[len(bw_in) - len(bw_constants):], bw_constants):
+            self.constants[joint_name.get(name, name)] = t
         self.graph_kind = "training"
 
-    def inference(self, graph: Any, gm: torch.fx.GraphModule, output_map: Sequence[int]) -> None:
+    def inference(self, graph: Any, gm: torch.fx.GraphModule, output_map: Sequence[int],
+                  constants: Sequence[torch.Tensor] = ()) -> None:
         """An inference graph (no backward): pipelined forward only.
 
         Raises:
@@ -183,6 +195,8 @@ class PipelineStep:
         names = list(graph.output_names)
         self.fw_out_names = [names[o] if o >= 0 else "" for o in output_map]
         self.fw_input_names = list(graph.input_names)
+        names = self.fw_input_names
+        self.constants = dict(zip(names[len(names) - len(constants):], constants))
         self.saved_kinds = []
         self.graph_kind = "inference"
 
@@ -231,7 +245,7 @@ class PipelineStep:
             inputs = list(args)
             args.clear()
             built = self.build(self.batch_of(inputs))
-            by_name = dict(zip(self.fw_input_names, inputs))
+            by_name = {**self.constants, **dict(zip(self.fw_input_names, inputs))}
             start = time.perf_counter_ns()
             outs = _run(built, 0, by_name)
             # A step-mode forward runs the whole step: it completes it.
@@ -263,7 +277,7 @@ class PipelineStep:
                     grads = [g * t if isinstance(g, torch.Tensor) else g for g in grads]
                 return grads
             built = self.build(self.batch_of(stash.args))
-            by_name = dict(zip(self.fw_input_names, stash.args))
+            by_name = {**self.constants, **dict(zip(self.fw_input_names, stash.args))}
             by_name.update(zip(self.tangent_names, tangents))
             by_name.update(stash.values)
             start = time.perf_counter_ns()
@@ -296,10 +310,15 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
         if (isinstance(val, torch.Tensor) and val.dim() > 0
                 and isinstance(val.shape[0], torch.SymInt)):
             return i
+    shapes = ", ".join(f"{n.name}: {tuple(n.meta['val'].shape)}" for n in placeholders
+                       if isinstance(n.meta.get("val"), torch.Tensor))
     raise ConfigError(
-        "modelpar pipeline: the batch dimension of the captured graph is static, so it cannot be "
-        "split into micro-batches; call torch._dynamo.mark_dynamic(t, 0) on every batched input "
-        "(the inputs and the targets) before the first call, or compile with dynamic=True")
+        "modelpar pipeline: the batch dimension of the captured graph is static although modelpar "
+        "asked Dynamo to trace again with dim 0 of the batched inputs dynamic (the graph's tensor "
+        f"inputs: {shapes or 'none'}): Dynamo specialised it, because the function was compiled "
+        "with dynamic=False or the model uses the batch size as a number (e.g. branches on it). "
+        "Compile without dynamic=False, keep the batch size out of Python control flow, or call "
+        "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised")
 
 
 def _simulated_trace(trace: str | None) -> str | None:

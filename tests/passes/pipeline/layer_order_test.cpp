@@ -42,33 +42,59 @@ graph @nested(%x: f32[B, 8] input, %w: f32[8, 8] param, %wh: f32[8, 8] param) {
 }
 )";
 
-TEST(LayerOrder, MergesNestedNamesAndOrdersHoistedNodesByEdges) {
+// `blk` is a container (the dotted prefix of blk.fc and blk.out): its own
+// nodes join the layer before them, so the block's submodules stay layers of
+// their own and nothing merges (Note [Container modules]).
+TEST(LayerOrder, KeepsSubmodulesOfAContainerAsLayersAndOrdersHoistedNodesByEdges) {
   ir::Graph g = ir::parseGraph(kNested);
   LayerOrder lo = orderLayers(g);
-  EXPECT_EQ(lo.layers, (Names{"emb", "blk", "head"}));
-  ASSERT_EQ(lo.members.size(), 3u);
-  Names blk = lo.members[1];
-  std::sort(blk.begin(), blk.end());
-  EXPECT_EQ(blk, (Names{"blk", "blk.fc", "blk.out"}));
-  EXPECT_EQ(lo.merged_layers, 2);
-  EXPECT_EQ(lo.unlayered_nodes, 1);
-  EXPECT_EQ(layerOf(lo.graph, "f"), "blk");
-  EXPECT_EQ(layerOf(lo.graph, "o"), "blk");
+  EXPECT_EQ(lo.layers, (Names{"emb", "blk.fc", "blk.out", "head"}));
+  EXPECT_EQ(lo.merged_layers, 0);
+  EXPECT_EQ(lo.unlayered_nodes, 4);  // %r1, %g, %r2 of the container, and %s
+  EXPECT_EQ(layerOf(lo.graph, "r1"), "emb");      // the residual add joins the layer before
+  EXPECT_EQ(layerOf(lo.graph, "g"), "blk.fc");    // the GELU between fc and out
+  EXPECT_EQ(layerOf(lo.graph, "r2"), "blk.out");
   EXPECT_EQ(layerOf(lo.graph, "wt"), "head");
   EXPECT_EQ(layerOf(lo.graph, "s"), "head");  // joins the layer before it
   // The caller's graph is untouched.
   EXPECT_EQ(layerOf(g, "f"), "blk.fc");
+  EXPECT_EQ(layerOf(g, "r1"), "blk");
 }
 
-// Two sibling modules in a cycle with no common prefix: `p+q`; an unlayered
-// node before every layer joins the first.
+// Two blocks of a container model (GPT-2's `transformer` holds the embedding
+// sum before the blocks and a view after them): with the container's nodes
+// as layers of their own, the cycle through them merged the whole body into
+// one layer; now each block's submodules stay separate, blocks in order.
+TEST(LayerOrder, ABodyWithTwoBlocksStaysAsFineAsItsSubmodules) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @body(%x: f32[B, 8] input, %w: f32[8, 8] param) {
+  %e: f32[B, 8] = aten::add.Tensor(%x, %x) {layer="transformer", phase=fwd}
+  %a0: f32[B, 8] = aten::mm(%e, %w) {layer="transformer.h.0.mlp", phase=fwd}
+  %r0: f32[B, 8] = aten::add.Tensor(%a0, %e) {layer="transformer.h.0", phase=fwd}
+  %a1: f32[B, 8] = aten::mm(%r0, %w) {layer="transformer.h.1.mlp", phase=fwd}
+  %r1: f32[B, 8] = aten::add.Tensor(%a1, %r0) {layer="transformer.h.1", phase=fwd}
+  %v: f32[B, 8] = aten::relu(%r1) {layer="transformer", phase=fwd}
+  %o: f32[B, 8] = aten::mm(%v, %w) {layer="lm_head", phase=fwd}
+  return %o
+}
+)");
+  LayerOrder lo = orderLayers(g);
+  EXPECT_EQ(lo.layers, (Names{"transformer.h.0.mlp", "transformer.h.1.mlp", "lm_head"}));
+  EXPECT_EQ(layerOf(lo.graph, "e"), "transformer.h.0.mlp");  // before every layer: the first
+  EXPECT_EQ(layerOf(lo.graph, "r0"), "transformer.h.0.mlp");
+  EXPECT_EQ(layerOf(lo.graph, "v"), "transformer.h.1.mlp");
+}
+
+// Two sibling modules in a cycle (one call of p reads q's result, which reads
+// p's) with no common prefix: `p+q`; an unlayered node before every layer
+// joins the first.
 TEST(LayerOrder, NamesMergedSiblingsAndPlacesLeadingUnlayeredNodes) {
   ir::Graph g = ir::parseGraph(R"(
 graph @sib(%x: f32[B, 4] input) {
   %n: f32[B, 4] = aten::neg(%x) {phase=fwd}
   %a: f32[B, 4] = aten::relu(%n) {layer="p", phase=fwd}
   %b: f32[B, 4] = aten::tanh(%a) {layer="q", phase=fwd}
-  %c: f32[B, 4] = aten::sigmoid(%b) {layer="p", phase=fwd}
+  %c: f32[B, 4] = aten::add.Tensor(%b, %a) {layer="p", phase=fwd}
   %d: f32[B, 4] = aten::exp(%c) {layer="r", phase=fwd}
   return %d
 }
@@ -79,21 +105,24 @@ graph @sib(%x: f32[B, 4] input) {
   EXPECT_EQ(layerOf(lo.graph, "b"), "p+q");
 }
 
-// A merged layer whose prefix is another layer's name keeps that name only
-// when that layer is a member; otherwise the name is made unique.
-TEST(LayerOrder, MergedNameNeverClashesWithAnotherLayer) {
+// Siblings in a cycle merge under their common dotted prefix (a name no
+// other forward layer has; a taken one would get `#2`).
+TEST(LayerOrder, MergedSiblingsTakeTheirCommonPrefix) {
   ir::Graph g = ir::parseGraph(R"(
 graph @clash(%x: f32[B, 4] input) {
   %a: f32[B, 4] = aten::relu(%x) {layer="m", phase=fwd}
-  %b: f32[B, 4] = aten::tanh(%a) {layer="m.a", phase=fwd}
-  %c: f32[B, 4] = aten::sigmoid(%b) {layer="m.b", phase=fwd}
-  %d: f32[B, 4] = aten::exp(%c) {layer="m.a", phase=fwd}
-  return %d
+  %b: f32[B, 4] = aten::tanh(%a) {layer="x.a", phase=fwd}
+  %c: f32[B, 4] = aten::sigmoid(%b) {layer="x.b", phase=fwd}
+  %d: f32[B, 4] = aten::add.Tensor(%c, %b) {layer="x.a", phase=fwd}
+  %e: f32[B, 4] = aten::exp(%d) {layer="x", phase=bwd}
+  return %e
 }
 )");
   LayerOrder lo = orderLayers(g);
-  EXPECT_EQ(lo.layers, (Names{"m", "m#2"}));
-  EXPECT_EQ(layerOf(lo.graph, "c"), "m#2");
+  // x.a and x.b form a cycle: merged under their common prefix `x`, which is
+  // free (x has no forward node of its own).
+  EXPECT_EQ(lo.layers, (Names{"m", "x"}));
+  EXPECT_EQ(layerOf(lo.graph, "c"), "x");
 }
 
 // Backward rules, on the shape AOTAutograd gives an MLP with F.relu: the
@@ -148,6 +177,26 @@ graph @bn(%x: f32[B, 4] input, %rm: f32[4] buffer) {
   LayerOrder lo = orderLayers(g);
   EXPECT_EQ(lo.layers, (Names{"bn", "fc"}));
   EXPECT_EQ(layerOf(lo.graph, "w"), "bn");
+}
+
+// A module called twice (T5's stack dropout before and after the blocks)
+// is two layers, one per call, instead of a cycle with everything between
+// (Note [Reused modules]); its backward nodes stay with the first call's
+// name unless a gradient they read comes from earlier.
+TEST(LayerOrder, AModuleCalledTwiceIsOneLayerPerCall) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @reuse(%x: f32[B, 4] input, %w: f32[4, 4] param) {
+  %d1: f32[B, 4] = aten::relu(%x) {layer="drop", phase=fwd}
+  %a: f32[B, 4] = aten::mm(%d1, %w) {layer="block.0", phase=fwd}
+  %b: f32[B, 4] = aten::mm(%a, %w) {layer="block.1", phase=fwd}
+  %d2: f32[B, 4] = aten::relu(%b) {layer="drop", phase=fwd}
+  return %d2
+}
+)");
+  LayerOrder lo = orderLayers(g);
+  EXPECT_EQ(lo.layers, (Names{"drop", "block.0", "block.1", "drop#2"}));
+  EXPECT_EQ(lo.merged_layers, 0);
+  EXPECT_EQ(layerOf(lo.graph, "d2"), "drop#2");
 }
 
 TEST(LayerOrder, AChainKeepsItsLayers) {

@@ -1,0 +1,164 @@
+"""A model zoo from Hugging Face transformers (installed from PyPI into the
+test environment; small random-init configs, nothing downloaded) for the
+transparency tests of tests/python/test_model_zoo.py and the benchmarks.
+
+Each `ZooCase` builds a model (dropout off, so eager and modelpar compute
+the same function), a batch on a seed, the loss computed inside the model
+(`step`: for 1F1B, the loss is compiled in) and the prediction with the
+loss outside (`predict` + `loss`: GPipe's split mode).
+
+| name | architecture | what it exercises |
+|---|---|---|
+| `llama` | decoder-only LM | rotary embeddings, grouped-query attention, RMSNorm, SwiGLU |
+| `qwen2` | decoder-only LM | rotary, GQA, biased q/k/v projections |
+| `mistral` | decoder-only LM | rotary, GQA, sliding-window attention mask |
+| `gpt2` | decoder-only LM | learned positions, Conv1D projections, tied embeddings |
+| `bert` | encoder | token types, absolute positions, pooler, classification head |
+| `t5` | encoder-decoder | relative position buckets, shifted decoder inputs, cross attention |
+| `vit` | vision transformer | patch embedding (conv), CLS token, position embeddings |
+| `resnet` | CNN | convolutions, batch norm (running statistics), pooling |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tolerances import Reordered
+
+VOCAB, SEQ, CLASSES = 64, 16, 5
+
+
+@dataclass
+class ZooCase:
+    """A transformers model, a batch, and its loss both ways."""
+    make_model: Callable[[], nn.Module]
+    batch: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (seed, batch) -> (x, y)
+    #: the model's output -> the prediction (logits)
+    predict: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+    #: (prediction, target) -> loss
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    #: fp32 reduction-order tolerance (tests/python/tolerances.py): longest sum, depth
+    tol: Reordered
+    batch_size: int = 4
+
+    def step(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The loss, computed inside the compiled function."""
+        return self.loss(self.predict(model, x), y)
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _tokens(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(0, VOCAB, (n, SEQ), generator=_gen(seed))
+    return ids, torch.roll(ids, -1, dims=1)
+
+
+def _token_classes(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _gen(seed)
+    return torch.randint(0, VOCAB, (n, SEQ), generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def _images(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _gen(seed)
+    return torch.randn(n, 3, 16, 16, generator=g), torch.randint(0, CLASSES, (n,), generator=g)
+
+
+def _lm_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.flatten(0, 1), y.flatten())
+
+
+def _seeded(make: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
+    def build() -> nn.Module:
+        torch.manual_seed(0)
+        return make().train()
+    return build
+
+
+def _decoder(config_cls: str, model_cls: str, **extra) -> Callable[[], nn.Module]:
+    def make() -> nn.Module:
+        import transformers
+        cfg = getattr(transformers, config_cls)(
+            vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2 * SEQ,
+            attention_dropout=0.0, **extra)
+        cfg._attn_implementation = "sdpa"
+        return getattr(transformers, model_cls)(cfg)
+    return _seeded(make)
+
+
+def _gpt2() -> nn.Module:
+    import transformers
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_positions=2 * SEQ, n_embd=32, n_layer=2,
+                                  n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    return transformers.GPT2LMHeadModel(cfg)
+
+
+def _bert() -> nn.Module:
+    import transformers
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64,
+                                  max_position_embeddings=2 * SEQ, num_labels=CLASSES,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    return transformers.BertForSequenceClassification(cfg)
+
+
+def _t5() -> nn.Module:
+    import transformers
+    cfg = transformers.T5Config(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                num_heads=4, dropout_rate=0.0, decoder_start_token_id=0,
+                                pad_token_id=0)
+    return transformers.T5ForConditionalGeneration(cfg)
+
+
+def _vit() -> nn.Module:
+    import transformers
+    cfg = transformers.ViTConfig(image_size=16, patch_size=4, num_channels=3, hidden_size=32,
+                                 num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                                 num_labels=CLASSES, hidden_dropout_prob=0.0,
+                                 attention_probs_dropout_prob=0.0)
+    return transformers.ViTForImageClassification(cfg)
+
+
+def _resnet() -> nn.Module:
+    import transformers
+    cfg = transformers.ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16],
+                                    depths=[1, 1], layer_type="basic", num_labels=CLASSES)
+    return transformers.ResNetForImageClassification(cfg)
+
+
+def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    return model(x).logits
+
+
+def _t5_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    # The decoder reads the target shifted right (teacher forcing); here the
+    # target is the input rolled by one, so the decoder input is a function of x.
+    return model(input_ids=x, decoder_input_ids=torch.roll(x, 1, dims=1)).logits
+
+
+ZOO: dict[str, ZooCase] = {
+    # hidden 32, MLP 64, vocab 64, batch x positions 4 x 16 = 64; 2 layers of ~8 reductions
+    "llama": ZooCase(_decoder("LlamaConfig", "LlamaForCausalLM"), _tokens, _logits, _lm_loss,
+                     Reordered(64, depth=40)),
+    "qwen2": ZooCase(_decoder("Qwen2Config", "Qwen2ForCausalLM"), _tokens, _logits, _lm_loss,
+                     Reordered(64, depth=40)),
+    "mistral": ZooCase(_decoder("MistralConfig", "MistralForCausalLM", sliding_window=8),
+                       _tokens, _logits, _lm_loss, Reordered(64, depth=40)),
+    "gpt2": ZooCase(_seeded(_gpt2), _tokens, _logits, _lm_loss, Reordered(128, depth=40)),
+    "bert": ZooCase(_seeded(_bert), _token_classes, _logits, F.cross_entropy,
+                    Reordered(64, depth=40)),
+    # encoder and decoder of 2 layers each, cross attention
+    "t5": ZooCase(_seeded(_t5), _tokens, _t5_logits, _lm_loss, Reordered(64, depth=60)),
+    # 16 patches x batch 4 = 64 positions, patch conv sums 3 x 4 x 4 = 48
+    "vit": ZooCase(_seeded(_vit), _images, _logits, F.cross_entropy, Reordered(64, depth=40)),
+    # batch norm over 4 x 8 x 8 positions = 256 after the stem; 5 convolutions deep
+    "resnet": ZooCase(_seeded(_resnet), _images, _logits, F.cross_entropy,
+                      Reordered(1024, depth=14)),
+}
