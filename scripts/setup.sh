@@ -26,11 +26,13 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "modelpar setup: creating $venv"
   "$py" -m venv "$venv"
 fi
-stamp="$venv/.modelpar-deps-v1"
+stamp="$venv/.modelpar-deps-v2"
 if [ ! -f "$stamp" ]; then
   echo "modelpar setup: installing Python packages into $venv"
   "$venv/bin/pip" install -q --upgrade pip
-  "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest pybind11 scikit-build-core ninja cmake
+  # transformers: the model zoo of tests/python/test_model_zoo.py (small random-init configs)
+  "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest pybind11 scikit-build-core ninja cmake \
+    transformers
   touch "$stamp"
 fi
 echo "modelpar setup: ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -100,19 +100,14 @@ std::string commonDottedPrefix(const std::vector<std::string>& names) {
   return prefix;
 }
 
-}  // namespace
-
-LayerOrder orderLayers(const ir::Graph& g) {
-  ir::verify(g);
-  const size_t nn = g.numNodes();
-
-  // 0. Note [Container modules]: a module's own nodes (a block's residual
-  //    adds, a transformer's embedding sum and output view) run before and
-  //    after its submodules', so as a layer of its own it would make a cycle
-  //    with them and merge a whole block, or the whole body, into one layer.
-  //    A forward layer that is a dotted prefix of another forward layer is a
-  //    container: its nodes are treated as unlayered (step 3 puts them with
-  //    the layer before them), and the submodules stay layers of their own.
+// Note [Container modules]: a module's own nodes (a block's residual adds, a
+// transformer's embedding sum and output view) run before and after its
+// submodules', so as a layer of its own it would make a cycle with them and
+// merge a whole block, or the whole body, into one layer. A forward layer
+// that is a dotted prefix of another forward layer is a container: its nodes
+// are treated as unlayered (step 3 puts them with the layer before them), and
+// the submodules stay layers of their own. Returns the containers.
+std::unordered_set<std::string> containerLayers(const ir::Graph& g) {
   std::set<std::string, std::less<>> forward_layers;
   for (const ir::Node& n : g.nodes()) {
     if (isForward(n) && !n.layer.empty()) forward_layers.insert(n.layer);
@@ -125,6 +120,78 @@ LayerOrder orderLayers(const ir::Graph& g) {
       containers.insert(l);
     }
   }
+  return containers;
+}
+
+// Note [Reused modules]: a module called at several places (T5's stack
+// dropout before and after the blocks, an embedding shared by encoder and
+// decoder) is one name over separate calls; as one unit it would make a cycle
+// with everything between its calls. A layer's forward nodes are one unit per
+// weakly connected group of them (a call's nodes read each other, or the same
+// buffer or input; a shared parameter does not join calls); the groups after
+// the first become units named `<layer>#2`, `#3`, ...
+void splitReusedModules(const ir::Graph& g, std::vector<int>& unit_of_node,
+                        std::vector<std::string>& unit_name, std::vector<size_t>& unit_first,
+                        std::unordered_map<std::string, int>& unit_of_layer) {
+  const size_t nn = g.numNodes();
+  const size_t named = unit_name.size();
+  std::vector<int> parent(nn);
+  for (size_t i = 0; i < nn; ++i) parent[i] = static_cast<int>(i);
+  auto find = [&](int x) {
+    while (parent[static_cast<size_t>(x)] != x) {
+      parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
+      x = parent[static_cast<size_t>(x)];
+    }
+    return x;
+  };
+  std::unordered_map<int64_t, int> reader_of_input;  // (unit, input value) -> a node
+  for (size_t i = 0; i < nn; ++i) {
+    int u = unit_of_node[i];
+    if (u < 0 || unit_name[static_cast<size_t>(u)].empty()) continue;
+    for (ir::ValueId x : g.nodes()[i].inputs()) {
+      ir::NodeId p = g.value(x).producer;
+      if (p != ir::kNoId && unit_of_node[static_cast<size_t>(p)] == u) {
+        parent[static_cast<size_t>(find(static_cast<int>(i)))] = find(static_cast<int>(p));
+      }
+      std::optional<size_t> in = g.inputIndex(x);
+      if (p == ir::kNoId && in && g.inputs()[*in].role != ir::InputRole::Parameter) {
+        int64_t key = static_cast<int64_t>(u) * static_cast<int64_t>(g.numValues()) + x;
+        auto [it, fresh] = reader_of_input.emplace(key, static_cast<int>(i));
+        if (!fresh) parent[static_cast<size_t>(find(static_cast<int>(i)))] = find(it->second);
+      }
+    }
+  }
+  std::unordered_map<int, int> unit_of_group;  // group root -> unit
+  std::vector<int> groups_of_unit(named, 0);
+  for (size_t i = 0; i < nn; ++i) {
+    int u = unit_of_node[i];
+    if (u < 0 || static_cast<size_t>(u) >= named || unit_name[static_cast<size_t>(u)].empty()) continue;
+    int root = find(static_cast<int>(i));
+    auto it = unit_of_group.find(root);
+    if (it == unit_of_group.end()) {
+      int k = ++groups_of_unit[static_cast<size_t>(u)];
+      int v = u;
+      if (k > 1) {  // a later call of the same module
+        std::string name = fmt::format("{}#{}", unit_name[static_cast<size_t>(u)], k);
+        v = static_cast<int>(unit_name.size());
+        unit_name.push_back(name);
+        unit_first.push_back(i);
+        unit_of_layer.emplace(name, v);
+      }
+      it = unit_of_group.emplace(root, v).first;
+    }
+    unit_of_node[i] = it->second;
+  }
+}
+
+}  // namespace
+
+LayerOrder orderLayers(const ir::Graph& g) {
+  ir::verify(g);
+  const size_t nn = g.numNodes();
+
+  // 0. Note [Container modules] (containerLayers).
+  const std::unordered_set<std::string> containers = containerLayers(g);
   auto layerOf = [&](const ir::Node& n) -> const std::string& {
     static const std::string kNone;
     return containers.count(n.layer) ? kNone : n.layer;
@@ -171,63 +238,7 @@ LayerOrder orderLayers(const ir::Graph& g) {
     }
     unit_of_node[i] = it->second;
   }
-  // Note [Reused modules]: a module called at several places (T5's stack
-  // dropout before and after the blocks, an embedding shared by encoder and
-  // decoder) is one name over separate calls; as one unit it would make a
-  // cycle with everything between its calls. A layer's forward nodes are one
-  // unit per weakly connected group of them (a call's nodes read each other,
-  // or the same buffer or input; a shared parameter does not join calls);
-  // the groups after the first are named `<layer>#2`, `#3`, ...
-  {
-    const size_t named = unit_name.size();
-    std::vector<int> parent(nn);
-    for (size_t i = 0; i < nn; ++i) parent[i] = static_cast<int>(i);
-    auto find = [&](int x) {
-      while (parent[static_cast<size_t>(x)] != x) {
-        parent[static_cast<size_t>(x)] = parent[static_cast<size_t>(parent[static_cast<size_t>(x)])];
-        x = parent[static_cast<size_t>(x)];
-      }
-      return x;
-    };
-    std::unordered_map<int64_t, int> reader_of_input;  // (unit, input value) -> a node
-    for (size_t i = 0; i < nn; ++i) {
-      int u = unit_of_node[i];
-      if (u < 0 || unit_name[static_cast<size_t>(u)].empty()) continue;
-      for (ir::ValueId x : g.nodes()[i].inputs()) {
-        ir::NodeId p = g.value(x).producer;
-        if (p != ir::kNoId && unit_of_node[static_cast<size_t>(p)] == u) {
-          parent[static_cast<size_t>(find(static_cast<int>(i)))] = find(static_cast<int>(p));
-        }
-        std::optional<size_t> in = g.inputIndex(x);
-        if (p == ir::kNoId && in && g.inputs()[*in].role != ir::InputRole::Parameter) {
-          int64_t key = static_cast<int64_t>(u) * static_cast<int64_t>(g.numValues()) + x;
-          auto [it, fresh] = reader_of_input.emplace(key, static_cast<int>(i));
-          if (!fresh) parent[static_cast<size_t>(find(static_cast<int>(i)))] = find(it->second);
-        }
-      }
-    }
-    std::unordered_map<int, int> unit_of_group;  // group root -> unit
-    std::vector<int> groups_of_unit(named, 0);
-    for (size_t i = 0; i < nn; ++i) {
-      int u = unit_of_node[i];
-      if (u < 0 || static_cast<size_t>(u) >= named || unit_name[static_cast<size_t>(u)].empty()) continue;
-      int root = find(static_cast<int>(i));
-      auto it = unit_of_group.find(root);
-      if (it == unit_of_group.end()) {
-        int k = ++groups_of_unit[static_cast<size_t>(u)];
-        int v = u;
-        if (k > 1) {  // a later call of the same module
-          std::string name = fmt::format("{}#{}", unit_name[static_cast<size_t>(u)], k);
-          v = static_cast<int>(unit_name.size());
-          unit_name.push_back(name);
-          unit_first.push_back(i);
-          unit_of_layer.emplace(name, v);
-        }
-        it = unit_of_group.emplace(root, v).first;
-      }
-      unit_of_node[i] = it->second;
-    }
-  }
+  splitReusedModules(g, unit_of_node, unit_name, unit_first, unit_of_layer);
   MP_CHECK(!unit_of_layer.empty(), ConfigError,
            "modelpar {}: graph @{} has no forward node with a layer; a pipeline cuts the model "
            "between layers (capture it from an nn.Module, or set `layer` attributes)",

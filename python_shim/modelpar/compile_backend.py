@@ -107,9 +107,10 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 # lets Dynamo specialise a dimension that is not really free) and raises
 # TensorifyScalarRestartAnalysis, the one RestartAnalysis that Dynamo lets
 # pass out of a backend (torch/_dynamo/output_graph.py, _call_user_compiler):
-# Dynamo traces the frame again, this time with a symbolic batch. If the
-# retrace is still static (dynamic=False, or the batch was specialised in the
-# model), compile_pipeline._batch_input raises a ConfigError naming the inputs.
+# Dynamo traces the frame again, this time with a symbolic batch (also under
+# dynamic=False, which only stops automatic dynamism). If the retrace is still
+# static (the model reshapes to a fixed batch size), compile_pipeline's
+# _batch_input raises a ConfigError naming the inputs and what to do.
 
 
 def _retrace_with_a_symbolic_batch(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],

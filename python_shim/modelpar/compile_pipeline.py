@@ -44,6 +44,7 @@ are bound by name on every call, as on one device.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 import weakref
@@ -58,13 +59,19 @@ from . import _C
 from .errors import ConfigError
 from .options import CompileOptions, pipeline_options
 
-__all__ = ["PipelineStep"]
+__all__ = ["PipelineStep", "MAX_BATCH_SIZES"]
+
+#: Pipelined steps kept per compiled graph, one per batch size, least recently
+#: used dropped first: each holds executors and their worker threads, so a
+#: training loop with many batch sizes keeps threads and memory bounded.
+MAX_BATCH_SIZES = 8
 
 @dataclass
 class _Stash:
     """What one forward call leaves for its backward."""
     values: dict[str, Any]
     args: list[Any] = field(default_factory=list)
+    built: Any = None  # the _Built the forward ran (the backward runs its second part)
 
 
 class _StashTable:
@@ -115,7 +122,7 @@ class PipelineStep:
         self.record = plan_record
         self.name = name
         self.stash = _StashTable()
-        self.built: dict[int, _Built] = {}
+        self.built: collections.OrderedDict[int, _Built] = collections.OrderedDict()
         self.mode = "step"
         self.graph: Any = None
         self.fw_out_names: list[str] = []
@@ -201,8 +208,10 @@ class PipelineStep:
         self.graph_kind = "inference"
 
     def build(self, batch: int) -> _Built:
-        """The pipelined step at this batch size (planned once, cached)."""
+        """The pipelined step at this batch size (planned once, cached; the
+        least recently used of more than MAX_BATCH_SIZES is dropped)."""
         if batch in self.built:
+            self.built.move_to_end(batch)
             return self.built[batch]
         from .executor import Executor
         from .pipeline_passes import plan_pipeline
@@ -228,6 +237,10 @@ class PipelineStep:
                        [{n: i for i, n in enumerate(p.graph.output_names)} for p in programs],
                        [list(p.graph.input_names) for p in programs])
         self.built[batch] = built
+        while len(self.built) > MAX_BATCH_SIZES:
+            dropped, _ = self.built.popitem(last=False)
+            self.record.pipeline_batches.pop(dropped, None)
+            self.record.pipeline_evictions += 1
         self.record.pipeline = plan
         self.record.pipeline_mode = self.mode if self.graph_kind == "training" else "inference"
         self.record.pipeline_batches[batch] = plan
@@ -255,7 +268,8 @@ class PipelineStep:
             if self.graph_kind == "inference":
                 return user
             # Step: the gradients; split: the carried values and the inputs.
-            token = self.stash.put(_Stash(outs, inputs if self.mode == "split" else []))
+            token = self.stash.put(_Stash(outs, inputs if self.mode == "split" else [],
+                                          built if self.mode == "split" else None))
             saved = [token if k == "tensor" else 0 for k in self.saved_kinds]
             return user + saved
         run._boxed_call = True  # type: ignore[attr-defined]
@@ -276,7 +290,7 @@ class PipelineStep:
                 if isinstance(t, torch.Tensor) and not (t.numel() == 1 and float(t) == 1.0):
                     grads = [g * t if isinstance(g, torch.Tensor) else g for g in grads]
                 return grads
-            built = self.build(self.batch_of(stash.args))
+            built = stash.built or self.build(self.batch_of(stash.args))
             by_name = {**self.constants, **dict(zip(self.fw_input_names, stash.args))}
             by_name.update(zip(self.tangent_names, tangents))
             by_name.update(stash.values)
@@ -315,9 +329,9 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
     raise ConfigError(
         "modelpar pipeline: the batch dimension of the captured graph is static although modelpar "
         "asked Dynamo to trace again with dim 0 of the batched inputs dynamic (the graph's tensor "
-        f"inputs: {shapes or 'none'}): Dynamo specialised it, because the function was compiled "
-        "with dynamic=False or the model uses the batch size as a number (e.g. branches on it). "
-        "Compile without dynamic=False, keep the batch size out of Python control flow, or call "
+        f"inputs: {shapes or 'none'}): Dynamo specialised it, because the model uses the batch "
+        "size as a number (e.g. reshapes to a fixed size, or compares it with one). Use the "
+        "batch size from the tensor (x.shape[0], or -1 in a reshape), or call "
         "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised")
 
 

@@ -87,6 +87,8 @@ class Plan:
     #: fill-drain across AOTAutograd's two calls), and the planning time.
     pipeline: Any = None
     pipeline_batches: dict[int, Any] = field(default_factory=dict)
+    #: pipelined steps dropped from the cache (compile_pipeline.MAX_BATCH_SIZES)
+    pipeline_evictions: int = 0
     pipeline_mode: str | None = None
     pipeline_seconds: float = 0.0
     #: Measured wall time of each completed step (forward + backward
@@ -297,9 +299,12 @@ class Plan:
                          f"{sum(p.step_time_us for p in placed.values()):.1f} us")
         if self.pipeline is not None:
             p = self.pipeline
+            evicted = (f", {self.pipeline_evictions} older batch size"
+                       f"{'s' if self.pipeline_evictions != 1 else ''} dropped from the cache"
+                       if self.pipeline_evictions else "")
             lines.append(f"  pipeline ({self.pipeline_mode} mode; planned for batch sizes "
-                         f"{sorted(self.pipeline_batches)} in {self.pipeline_seconds:.2f} s): "
-                         f"simulated step {p.step_time_us:.1f} us")
+                         f"{sorted(self.pipeline_batches)} in {self.pipeline_seconds:.2f} s"
+                         f"{evicted}): simulated step {p.step_time_us:.1f} us")
         if placed or self.joint is not None or self.pipeline is not None:
             if self.step_times_us:
                 lines.append(f"  measured step: {self.measured_step_us:.1f} us (last), median "

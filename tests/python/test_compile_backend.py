@@ -383,7 +383,7 @@ def test_pipeline_option_gets_its_defaults() -> None:
     o = modelpar.resolve_options({"devices": 2, "pipeline": {"microbatches": 8}})
     assert o.planned
     assert o.pipeline == {"microbatches": 8, "schedule": "gpipe", "partition": "balance-time",
-                          "checkpoint": "except_last", "portals": True, "batch_norm": "refuse",
+                          "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
                           "allow_random": False, "loss_reduction": "auto"}
 
 

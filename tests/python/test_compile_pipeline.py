@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import os
 
 import pytest
 import torch
@@ -188,13 +189,25 @@ def test_deferred_batch_norm_updates_running_stats_from_the_whole_batch() -> Non
     assert int(model.bn1.num_batches_tracked) == int(model.bn2.num_batches_tracked) == 1
 
 
-def test_batch_norm_without_the_deferred_option_names_it() -> None:
+def test_batch_norm_refused_on_request_names_the_deferred_option() -> None:
     case = CASES["cnn"]
     model = case.make_model()
     fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
-                         options={"devices": 2, "pipeline": {}})
+                         options={"devices": 2, "pipeline": {"batch_norm": "refuse"}})
     with pytest.raises(modelpar.UnsupportedOpError, match="deferred"):
         fast(*_batch("cnn", 0, 8))
+
+
+def test_eval_mode_batch_norm_splits_like_any_per_sample_op() -> None:
+    """Running statistics make eval-mode batch norm per-sample: micro-batched
+    it equals the full batch, forward and backward."""
+    case = CASES["cnn"]
+    model = case.make_model().eval()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}})
+    x, y = case.batch(0, 8)
+    TOL.assert_close(fast(x, y).detach(), case.loss(eager(x), y).detach())
 
 
 def test_inference_is_pipelined_forward_only() -> None:
@@ -212,16 +225,39 @@ def _inner(err: pytest.ExceptionInfo) -> BaseException:
     return getattr(e, "inner_exception", None) or e
 
 
-def test_a_static_batch_says_how_to_make_it_dynamic() -> None:
+def test_a_static_batch_is_traced_again_as_a_symbolic_one() -> None:
+    """No mark_dynamic: the backend asks Dynamo to trace again with the batch
+    dynamic (Note [A static batch under the pipeline option])."""
     case = CASES["mlp"]
     model = case.make_model()
+    eager = copy.deepcopy(model)
     fast = torch.compile(model, backend="modelpar", options={"devices": 2, "pipeline": {}})
-    x, _ = case.batch(0, 8)
+    x, y = case.batch(0, 8)
+    case.loss(fast(x), y).backward()
+    case.loss(eager(x), y).backward()
+    _assert_grads(model, eager)
+    assert not hasattr(x, "_dynamo_dynamic_indices")  # only the weak, non-enforced mark
+
+
+class _FixedBatch(torch.nn.Module):
+    """A model that writes the batch size into its code: Dynamo must
+    specialise the batch, so it cannot be split."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.fc1(x).reshape(8, 8))
+
+
+def test_a_batch_dynamo_keeps_static_says_why_and_what_to_do() -> None:
+    fast = torch.compile(_FixedBatch(), backend="modelpar", options={"devices": 2, "pipeline": {}})
     with pytest.raises(Exception) as err:
-        fast(x)
+        fast(torch.randn(8, 16))
     inner = _inner(err)
     assert isinstance(inner, modelpar.ConfigError), inner
-    assert "mark_dynamic" in str(inner), inner
+    assert "Dynamo specialised it" in str(inner) and "uses the batch size as a number" in str(inner), inner
 
 
 def test_1f1b_with_the_loss_outside_says_to_compile_the_loss() -> None:
@@ -259,3 +295,34 @@ def test_a_step_that_does_not_fit_raises_before_running() -> None:
         fast(*_batch("mlp", 0, 8))
     for k, v in model.state_dict().items():
         torch.testing.assert_close(v, before[k])
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_many_batch_sizes_keep_threads_and_cached_steps_bounded() -> None:
+    """Each batch size's pipelined step holds executors (worker threads);
+    only MAX_BATCH_SIZES are kept, least recently used dropped, so a loop
+    over many batch sizes keeps its thread count flat; a dropped size plans
+    again and still equals eager."""
+    from modelpar import compile_pipeline
+    case = CASES["mlp"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"microbatches": 2,
+                                                             "schedule": "1f1b"}})
+    sizes = list(range(2, 2 + compile_pipeline.MAX_BATCH_SIZES + 6))
+    counts = []
+    for step, n in enumerate(sizes + sizes[:3]):
+        x, y = case.batch(step, n)
+        TOL.assert_close(fast(x, y).detach(), case.loss(eager(x), y).detach())
+        counts.append(_threads())
+    plan = modelpar.plans()[-1]
+    assert len(plan.pipeline_batches) == compile_pipeline.MAX_BATCH_SIZES
+    assert plan.pipeline_evictions == len(sizes) + 3 - compile_pipeline.MAX_BATCH_SIZES
+    assert "dropped from the cache" in str(plan)
+    # Once the cache is full, every new size frees the threads of the one it drops.
+    full = counts[compile_pipeline.MAX_BATCH_SIZES - 1]
+    assert max(counts[compile_pipeline.MAX_BATCH_SIZES:]) <= full, counts

@@ -1,0 +1,162 @@
+"""Transparency on real models: eight architectures from Hugging Face
+transformers (tests/python/zoo.py: decoder-only LMs with rotary embeddings and
+grouped-query attention, an encoder, an encoder-decoder, a vision transformer,
+a CNN with batch norm), unmodified and without mark_dynamic, trained for three
+momentum-SGD steps through every mode: one device, two placed devices (m-ETF,
+m-SCT), and pipelines on two CPU workers (GPipe with the loss outside; 1F1B and
+1F1B* with the loss compiled in) x checkpoint {never, except_last}. The loss
+of every step, every gradient of the first step and every parameter after the
+last equal eager within the model's fp32 reduction-order tolerance
+(tests/python/tolerances.py; micro-batching splits the batch sums, placement
+moves sums between threads).
+
+Under the pipeline option batch norm is torchgpipe's DeferredBatchNorm: each
+micro-batch is normalised with its own statistics, so the reference for the
+CNN's pipelines is eager run micro-batch by micro-batch (losses weighted by
+micro-batch size, gradients summed), as torchgpipe documents.
+
+CI runs a sample (every model in four modes); MODELPAR_ZOO=full runs the
+whole matrix (about 5 minutes on 2 cores)."""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+
+import modelpar  # noqa: E402
+from zoo import ZOO, ZooCase  # noqa: E402
+
+MICROBATCHES = 2
+STEPS = 3
+
+MODES: dict[str, dict] = {
+    "one-device": {},
+    "m-etf": {"devices": 2, "placer": "m-etf"},
+    "m-sct": {"devices": 2, "placer": "m-sct"},
+    "gpipe-never": {"devices": 2, "pipeline": {"schedule": "gpipe", "checkpoint": "never"}},
+    "gpipe-except_last": {"devices": 2, "pipeline": {"schedule": "gpipe"}},
+    "1f1b-never": {"devices": 2, "pipeline": {"schedule": "1f1b", "checkpoint": "never"}},
+    "1f1b-except_last": {"devices": 2, "pipeline": {"schedule": "1f1b"}},
+    "1f1b*-never": {"devices": 2, "pipeline": {"schedule": "1f1b*", "checkpoint": "never"}},
+    "1f1b*-except_last": {"devices": 2, "pipeline": {"schedule": "1f1b*"}},
+}
+SAMPLE = {"one-device", "m-etf", "gpipe-never", "1f1b-except_last"}
+FULL = os.environ.get("MODELPAR_ZOO") == "full"
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+
+
+def _options(mode: str) -> dict:
+    opts = copy.deepcopy(MODES[mode])
+    if "pipeline" in opts:
+        opts["pipeline"]["microbatches"] = MICROBATCHES
+    return {"strict": True, **opts}
+
+
+def _reference_loss(case: ZooCase, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor,
+                    per_microbatch: bool) -> torch.Tensor:
+    if not per_microbatch:
+        return case.step(model, x, y)
+    n = x.shape[0]
+    return sum(case.step(model, a, b) * (a.shape[0] / n)
+               for a, b in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)))
+
+
+def _run(name: str, mode: str) -> None:
+    case = ZOO[name]
+    tol = case.tol.after(steps=STEPS)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    pipelined = "pipeline" in MODES[mode]
+    loss_inside = pipelined and MODES[mode]["pipeline"]["schedule"] != "gpipe"
+    # Deferred batch norm normalises per micro-batch (see the module docstring).
+    per_mb = pipelined and any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
+    if loss_inside:
+        fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
+                             options=_options(mode))
+    else:
+        compiled = torch.compile(model, backend="modelpar", options=_options(mode))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    for step in range(STEPS):
+        x, y = case.batch(step, case.batch_size)
+        loss = fast(x, y) if loss_inside else case.loss(case.predict(compiled, x), y)
+        ref = _reference_loss(case, eager, x, y, per_mb)
+        tol.assert_close(loss.detach(), ref.detach(), msg=lambda m: f"{name} {mode} loss, step {step}: {m}")
+        loss.backward()
+        ref.backward()
+        if step == 0:
+            # A gradient's terms have the size of the model's gradients; some
+            # are zero in exact arithmetic (attention key biases), so the
+            # scale is the largest gradient, not each tensor's own.
+            grad_scale = max(float(q.grad.abs().max()) for q in eager.parameters()
+                             if q.grad is not None)
+            for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+                assert (p.grad is None) == (q.grad is None), n
+                if p.grad is not None:
+                    tol.assert_close(p.grad, q.grad, scale=grad_scale,
+                                     msg=lambda m, n=n: f"{name} {mode} grad of {n}: {m}")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    # Parameters moved by lr x (momentum-summed) gradients: the terms of their
+    # change have the size of the largest gradient times the steps' lr.
+    update_scale = 0.05 * STEPS / (1 - 0.9) * grad_scale
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        scale = max(float(q.detach().abs().max()), update_scale)
+        tol.assert_close(p.detach(), q.detach(), scale=scale,
+                         msg=lambda m, n=n: f"{name} {mode} {n}: {m}")
+    if not per_mb:  # batch norm's running statistics too (DeferredBatchNorm's differ by design)
+        for (n, b), c in zip(model.named_buffers(), eager.buffers()):
+            if b.is_floating_point():
+                tol.assert_close(b, c, msg=lambda m, n=n: f"{name} {mode} buffer {n}: {m}")
+    plan = modelpar.plans()[-1]
+    if pipelined:
+        assert plan.pipeline is not None and plan.pipeline.num_stages == 2, plan
+    else:
+        assert all(g.runs_on == "modelpar" for g in plan.graphs.values()), plan
+
+
+CASES = [pytest.param(name, mode, marks=() if FULL or mode in SAMPLE else
+                      pytest.mark.skip(reason="MODELPAR_ZOO=full runs the whole matrix"),
+                      id=f"{name}-{mode}")
+         for name in ZOO for mode in MODES]
+
+
+@pytest.mark.parametrize("name,mode", CASES)
+def test_trains_like_eager(name: str, mode: str) -> None:
+    _run(name, mode)
+
+
+def test_a_static_batch_needs_no_mark_dynamic_and_new_batch_sizes_replan() -> None:
+    """The user's tensors are not marked; a second batch size plans again
+    without a recompile (the batch is symbolic after modelpar's retrace)."""
+    case = ZOO["llama"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}})
+    for n in (4, 6):
+        x, y = case.batch(n, n)
+        case.tol.assert_close(fast(x, y).detach(), case.step(eager, x, y).detach())
+    plan = modelpar.plans()[-1]
+    assert sorted(plan.pipeline_batches) == [4, 6]
+    assert len(modelpar.plans()) == 1  # one Dynamo graph: no recompile for the new size
+
+
+def test_more_devices_than_layers_is_an_error_naming_the_layers() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    fast = torch.compile(model, backend="modelpar", options={"devices": 8, "pipeline": {}})
+    with pytest.raises(modelpar.ConfigError, match=r"has \d+ layers \(.*\), so it cannot be cut "
+                                                   r"into 8 stages for devices=8"):
+        fast(torch.randn(8, 4)).sum().backward()
