@@ -63,10 +63,26 @@ std::string at(const ir::Program& p, int d, size_t i) {
   return s + ")";
 }
 
+/// Ops whose CUDA kernels read device data on the host (an .item() inside:
+/// a comparison's result, a histogram's range, bincount's size) without the
+/// data_dependent_output tag. A capture that met one would fail, so it is
+/// refused up front instead of through the abandon path.
+bool syncsWithoutTheTag(std::string_view qualified) {
+  for (std::string_view op : {"aten::is_nonzero", "aten::equal", "aten::allclose", "aten::histc",
+                              "aten::bincount", "aten::_assert_scalar"}) {
+    if (qualified == op) return true;
+  }
+  return false;
+}
+
 /// Why node `n` cannot be captured, or "".
 std::string nodeIssue(const ir::Graph& g, const ir::Node& n) {
+  if (syncsWithoutTheTag(n.op)) {
+    return "reads device data on the host (its CUDA kernel does), which synchronises; a capture "
+           "cannot";
+  }
   if (std::optional<c10::OperatorHandle> op = schemaOf(n)) {
-    if (op->hasTag(at::Tag::data_dependent_output) || n.qualifiedName() == "aten::is_nonzero") {
+    if (op->hasTag(at::Tag::data_dependent_output)) {
       return "reads device data on the host (tag data_dependent_output), which synchronises; a "
              "capture cannot";
     }

@@ -14,6 +14,7 @@
 #include <set>
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -176,12 +177,28 @@ class CudaGraphCapture final : public GraphCapture {
   void abandon(int d) noexcept override {
     const size_t ud = static_cast<size_t>(d);
     if (open_[ud] < 0) return;
-    // Take the stream out of capture mode; the graph (and its pool
-    // reference) goes with the CUDAGraph object.
+    // Note [Abandoning a capture]: at::cuda::CUDAGraph::capture_end() cannot
+    // close a capture that failed: it throws at cudaStreamEndCapture (an
+    // invalidated capture) before it tells the caching allocator that the
+    // capture is over, which would leave every later allocation on this
+    // device routed into the graph pool; and a CUDAGraph whose capture never
+    // ended does not release its pool reference when destroyed (its reset()
+    // releases only with a graph or an executable). So close it in
+    // capture_end's order, without its checks: take the stream out of
+    // capture mode, end the allocator's routing into the pool, and drop the
+    // pool reference the capture took (beginAllocateToPool's).
+    const c10::cuda::CUDAStream stream = cudaOf(lanes_[ud].device->compute());
     cudaGraph_t g = nullptr;
-    cudaStream_t s = cudaOf(lanes_[ud].device->compute()).stream();
-    if (cudaStreamEndCapture(s, &g) == cudaSuccess && g != nullptr) (void)cudaGraphDestroy(g);
+    if (cudaStreamEndCapture(stream.stream(), &g) == cudaSuccess && g != nullptr) {
+      (void)cudaGraphDestroy(g);
+    }
     (void)cudaGetLastError();
+    try {
+      c10::cuda::CUDACachingAllocator::endAllocateToPool(stream.device_index(), pool_);
+      c10::cuda::CUDACachingAllocator::releasePool(stream.device_index(), pool_);
+    } catch (...) {
+      // noexcept: the error that made the executor abandon is the one reported.
+    }
     graphs_[static_cast<size_t>(open_[ud])].reset();
     open_[ud] = -1;
     cancel();

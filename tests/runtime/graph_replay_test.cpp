@@ -197,6 +197,18 @@ TEST(CaptureCheck, LocalScalarDenseSynchronisesWithTheHost) {
   EXPECT_HAS(issues[0].what, "data_dependent_output");
 }
 
+// Ops whose CUDA kernels call .item() without PyTorch's data_dependent_output
+// tag: refused up front, not discovered by a failing capture.
+TEST(CaptureCheck, UntaggedHostSyncsAreReported) {
+  for (const char* body : {"  %e: bool = aten::equal(%x, %x)",
+                           "  %e: f32[4] = aten::histc(%x, 4, 0.0, 0.0)"}) {
+    ir::Program p = oneOp(body, "e");
+    std::vector<CaptureIssue> issues = captureIssues(p, DeviceMap::parse("cuda:0", 1));
+    ASSERT_EQ(issues.size(), 1u) << body;
+    EXPECT_HAS(issues[0].what, "reads device data on the host");
+  }
+}
+
 TEST(CaptureCheck, BoolMaskIndexIsDataDependentButIntegerIndexIsNot) {
   ir::Program mask = oneOp("  %y: f32[M] = aten::index.Tensor(%x, [%m])", "y",
                            "%x: f32[8] input, %m: bool[8] input");
