@@ -48,7 +48,8 @@ import torch.fx
 
 from . import _C
 from .errors import InvalidIrError, UnsupportedOpError
-from .fx_import import GraphKind, InputRole, UnsupportedGraph, import_graph, source_name
+from .fx_import import (GraphKind, InputRole, UnsupportedGraph, import_graph, source_name,
+                         symbol_sizes)
 from .ir import parse_graph
 from .options import CompileOptions, resolve_options
 from .plan import GraphRecord, Plan, new_plan
@@ -380,7 +381,9 @@ class _Capture:
         joint, fw_plan, bw_plan, moved_layer, moved_param = plan_joint(
             fw_graph, bw_graph, saved, tangents, gradients, devices=self.opts.devices,
             memory=self.opts.memory, placer=self.opts.placer or "m-etf",
-            dump_dir=self.opts.dump_dir or "")
+            dump_dir=self.opts.dump_dir or "",
+            # Costs and memory at this call's sizes, not at 1 per symbol.
+            symbol_sizes=symbol_sizes(fw_module, bw_module))
         self.joint = _JointPlans({"forward": fw.text, "backward": bw.text},
                                  {"forward": fw_plan, "backward": bw_plan}, joint,
                                  (moved_layer, moved_param))

@@ -125,6 +125,38 @@ def _dim(d: int | torch.SymInt) -> str:
     return "e_" + "".join(_DIM_CHARS.get(c, c if c.isalnum() else "_") for c in text)
 
 
+def _size_hint(d: torch.SymInt) -> int | None:
+    """The size `d` has at the call being compiled."""
+    try:
+        from torch.fx.experimental.symbolic_shapes import optimization_hint
+    except ImportError:  # torch before optimization_hint
+        return d.node.shape_env.size_hint(d.node.expr)
+    return optimization_hint(d)
+
+
+def symbol_sizes(*modules: torch.fx.GraphModule) -> dict[str, int]:
+    """The value of every symbolic dimension (`s0`, `e_4xs0`) of the graphs'
+    values at the call being compiled (the shape environment's hints), by the
+    name the IR gives it: the cost model prices a graph at these sizes
+    instead of at CostOptions::default_symbol_size."""
+    out: dict[str, int] = {}
+    for gm in modules:
+        for node in gm.graph.nodes:
+            val = node.meta.get("val")
+            dims = (list(val.shape) if isinstance(val, torch.Tensor)
+                    else [val] if isinstance(val, torch.SymInt) else [])
+            for d in dims:
+                if not isinstance(d, torch.SymInt) or d.node.expr.is_Integer:
+                    continue
+                try:
+                    hint = _size_hint(d)
+                except Exception:  # unbacked or unhinted: no size to cost at
+                    continue
+                if hint is not None:
+                    out[_dim(d)] = int(hint)
+    return out
+
+
 def _type(val: Any, where: str) -> str:
     """IR type of an FX value (meta["val"])."""
     if isinstance(val, torch.Tensor):

@@ -160,7 +160,8 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                memory: MemoryArg = None, placer: str = "m-etf",
                machine: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
                dump_dir: str | os.PathLike[str] | None = None,
-               lp_time_limit_s: float = 20.0) -> tuple[Any, Any, Any, int, int]:
+               lp_time_limit_s: float = 20.0,
+               symbol_sizes: dict[str, int] | None = None) -> tuple[Any, Any, Any, int, int]:
     """Plans a training step's forward and backward graphs as one
     (passes/plan_joint.h): joins them (``saved``: ``(backward input, forward
     value)`` name pairs; ``tangents``: ``(backward input, forward output)``
@@ -171,6 +172,8 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
     its parameter's device (``gradients``: ``(backward output index,
     forward input index)``), and splits the placement into one plan per
     graph; saved values are bound on the device that produced them.
+    ``symbol_sizes`` gives symbolic dimensions their sizes for the cost model
+    (``{"s0": 64}``; others count as 1): torch.compile passes the call's.
 
     Returns:
         ``(joint, forward, backward, moved_to_layer_device,
@@ -189,7 +192,8 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
     return _C.plan_joint(forward, backward, [(str(b), str(f)) for b, f in saved],
                          [(str(b), str(f)) for b, f in tangents], [(int(o), int(i)) for o, i in gradients], devices, _memory_list(memory),
                          placer, None if machine is None else os.fspath(machine), bool(coarsen),
-                         None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s))
+                         None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
+                         dict(symbol_sizes or {}))
 
 
 _DTYPES = {"bool": torch.bool, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,

@@ -384,3 +384,26 @@ def test_bad_placer_lists_valid_ones() -> None:
         fast(torch.randn(2, 16))
     assert isinstance(err.value.inner_exception, modelpar.ConfigError)
     assert "'m-topo', 'm-etf', 'm-sct'" in str(err.value)
+
+
+def _joint_single_device_us(batch: int, dynamic: bool) -> float:
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256))
+    fast = _compiled(model, devices=2)
+    x = torch.randn(batch, 256)
+    if dynamic:
+        torch._dynamo.mark_dynamic(x, 0)
+    fast(x).sum().backward()
+    return modelpar.plans()[-1].joint.single_device_us
+
+
+def test_a_symbolic_batch_is_costed_at_the_size_of_the_call() -> None:
+    """Placement costs nodes at the sizes of the call being planned: a graph
+    with a symbolic batch of 4096 costs what the static one does, not what a
+    batch of 1 (CostOptions::default_symbol_size) would."""
+    static = _joint_single_device_us(4096, dynamic=False)
+    dynamic = _joint_single_device_us(4096, dynamic=True)
+    one = _joint_single_device_us(1, dynamic=False)
+    assert dynamic == pytest.approx(static, rel=1e-6)
+    assert dynamic > 1.5 * one, (dynamic, one)
