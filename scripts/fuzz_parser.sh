@@ -17,6 +17,10 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 secs="${1:-60}"
 dir=build-fuzz
+# Cache hits across clones at other paths (CI clones afresh): paths relative to
+# the checkout, and the build folder's path left out of the hash (only the
+# debug info's compile directory then names the first clone).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}" CCACHE_NOHASHDIR=1
 
 cxx="${FUZZ_CXX:-}"
 if [ -z "$cxx" ]; then

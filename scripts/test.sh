@@ -6,8 +6,8 @@
 # In CI (CI=true), or with MODELPAR_HARDENING=1, it then runs the ir/ tests
 # (parser, verifier: where untrusted text enters) under ASan+UBSan
 # (scripts/sanitize.sh asan ir) and fuzzes the IR parser for 30 s
-# (scripts/fuzz_parser.sh 30): about 4 min with a cold ccache, 1 min warm.
-# MODELPAR_HARDENING=full adds the passes/ tests under ASan+UBSan (7-13 more
+# (scripts/fuzz_parser.sh 30): about 3.5 min with a cold ccache, 1.3 min warm.
+# MODELPAR_HARDENING=full adds the passes/ tests under ASan+UBSan (about 6 more
 # minutes to build cold on 2 cores, so not in CI); MODELPAR_HARDENING=0 skips
 # all. Times are in bench/RESULTS.md ("Sanitizers and fuzzing").
 set -euo pipefail
