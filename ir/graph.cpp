@@ -36,6 +36,12 @@ bool Arg::operator==(const Arg& o) const {
          list_ == o.list_ && keyword_ == o.keyword_;
 }
 
+bool Cost::operator==(const Cost& o) const {
+  return std::memcmp(&time_us, &o.time_us, sizeof(double)) == 0 &&
+         output_bytes == o.output_bytes && temp_bytes == o.temp_bytes &&
+         persistent_bytes == o.persistent_bytes;
+}
+
 std::string Node::qualifiedName() const {
   return overload.empty() ? op : op + "." + overload;
 }

@@ -33,7 +33,10 @@ struct Cost {
   int64_t output_bytes = 0;
   int64_t temp_bytes = 0;
   int64_t persistent_bytes = 0;
-  bool operator==(const Cost&) const = default;
+  /// Exact equality; time_us compares bitwise (as Arg's floats do), so that a
+  /// NaN time, which the parser reads and the verifier refuses, still
+  /// round-trips: parseGraph(print(g)) == g. Found by tests/fuzz/ir_parser_fuzz.
+  bool operator==(const Cost& o) const;
 };
 
 /// An SSA value: defined once, by a node or as a graph input.

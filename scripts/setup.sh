@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs everything modelpar needs on a fresh Debian machine of this kind, idempotently:
 # Debian build dependencies, a virtual environment (.venv) with torch==2.13.0 (CPU) and
-# the Python test tools. A second run only checks and takes a few seconds.
+# the Python test tools (pytest, hypothesis). A second run only checks and takes a few seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -26,13 +26,15 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "modelpar setup: creating $venv"
   "$py" -m venv "$venv"
 fi
-stamp="$venv/.modelpar-deps-v2"
+# Bump the stamp when the list changes, so that existing venvs get the new packages.
+stamp="$venv/.modelpar-deps-v3"
 if [ ! -f "$stamp" ]; then
   echo "modelpar setup: installing Python packages into $venv"
   "$venv/bin/pip" install -q --upgrade pip
-  # transformers: the model zoo of tests/python/test_model_zoo.py (small random-init configs)
-  "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest pybind11 scikit-build-core ninja cmake \
-    transformers
+  # hypothesis: the options property test; transformers: the model zoo of
+  # tests/python/test_model_zoo.py (small random-init configs, nothing downloaded)
+  "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest hypothesis pybind11 scikit-build-core \
+    ninja cmake transformers
   touch "$stamp"
 fi
 echo "modelpar setup: ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

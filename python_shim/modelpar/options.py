@@ -46,8 +46,10 @@ __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
 
 VALID_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _PARTITIONERS = ("default", "min_cut")
-_CUDA_K = re.compile(r"^cuda:\d+$")
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*$", re.IGNORECASE)
+# re.ASCII: \d is 0-9 only; matched with fullmatch, so "cuda:0\n" is refused.
+_CUDA_K = re.compile(r"cuda:\d+", re.ASCII)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]i?B|B)?\s*", re.IGNORECASE | re.ASCII)
+_MAX_BYTES = 2**63 - 1  # memory is an int64 in passes/
 _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
@@ -56,16 +58,22 @@ _PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint", "portal
                  "allow_random", "loss_reduction")
 
 
+def _sorted_reprs(keys: Any) -> list[str]:
+    """Keys as repr()s in a stable order, whatever their types (a dict may mix
+    str and int keys, which sorted() cannot compare)."""
+    return sorted(repr(k) for k in keys)
+
+
 def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     """The ``pipeline`` option with defaults filled in, every value checked
     (ConfigError naming the key and its valid values)."""
     def bad(key: str, value: Any, valid: str) -> ConfigError:
         return ConfigError(f"modelpar options: pipeline[{key!r}]={value!r} is not valid; "
                            f"{key} takes {valid}")
-    extra = sorted(k for k in pipeline if k not in _PIPELINE_KEYS)
+    extra = _sorted_reprs(k for k in pipeline if k not in _PIPELINE_KEYS)
     if extra:
         raise ConfigError(f"modelpar options: unknown pipeline key(s) "
-                          f"{', '.join(map(repr, extra))}; valid keys: {', '.join(_PIPELINE_KEYS)}")
+                          f"{', '.join(extra)}; valid keys: {', '.join(_PIPELINE_KEYS)}")
     out = {"microbatches": 4, "schedule": "gpipe", "partition": "balance-time",
            "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
            "allow_random": False, "loss_reduction": "auto", **pipeline}
@@ -75,7 +83,7 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     for key, valid in (("schedule", PIPELINE_SCHEDULES), ("partition", PARTITION_METHODS),
                        ("checkpoint", CHECKPOINT_MODES), ("batch_norm", BATCH_NORM_MODES),
                        ("loss_reduction", LOSS_REDUCTIONS)):
-        if out[key] not in valid:
+        if not isinstance(out[key], str) or out[key] not in valid:
             if out[key] == "pipedream":  # renamed: one name per idea (passes/option_names.h)
                 raise bad(key, out[key], "'balance-time-comm' now (the name of what it does)")
             raise bad(key, out[key], "one of " + ", ".join(map(repr, valid)))
@@ -142,8 +150,10 @@ def _bool(key: str, v: Any) -> bool:
     return v
 
 
-def _choice(key: str, v: Any, choices: tuple[Any, ...]) -> Any:
-    if v not in choices:
+def _choice(key: str, v: Any, choices: tuple[str, ...]) -> Any:
+    # isinstance first: `in` compares with ==, which an array or tensor value
+    # answers elementwise (or raises) instead of with a bool.
+    if not isinstance(v, str) or v not in choices:
         raise _bad(key, v, "one of " + ", ".join(repr(c) for c in choices))
     return v
 
@@ -151,12 +161,34 @@ def _choice(key: str, v: Any, choices: tuple[Any, ...]) -> Any:
 def _bytes(key: str, v: Any) -> int | None:
     if v is None:
         return None
-    if isinstance(v, int) and not isinstance(v, bool) and v > 0:
+    valid = 'None, a positive number of bytes, or a size such as "16GiB" (at most 2**63 - 1 bytes)'
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not 0 < v <= _MAX_BYTES:
+            raise _bad(key, v, valid)
         return v
-    m = _SIZE.match(v) if isinstance(v, str) else None
+    m = _SIZE.fullmatch(v) if isinstance(v, str) else None
     if not m:
-        raise _bad(key, v, 'None, a positive number of bytes, or a size such as "16GiB"')
-    return int(float(m.group(1)) * _UNITS[(m.group(2) or "B").lower()])
+        raise _bad(key, v, valid)
+    # Decimal arithmetic on the digits: float() would turn 400 digits into inf.
+    whole, _, frac = m.group(1).partition(".")
+    unit = _UNITS[(m.group(2) or "B").lower()]
+    n = (int(whole + frac) * unit) // 10 ** len(frac)
+    if not 0 < n <= _MAX_BYTES:
+        raise _bad(key, v, valid + f" (it is {n} bytes)")
+    return n
+
+
+def _path(key: str, v: Any, what: str) -> Any:
+    """A str or os.PathLike path (no NUL character, which no file name can
+    hold), or None."""
+    if v is None:
+        return None
+    if not isinstance(v, (str, os.PathLike)):
+        raise _bad(key, v, f"{what} or None")
+    text = os.fspath(v)
+    if not isinstance(text, str) or "\0" in text:
+        raise _bad(key, v, f"{what} (a str without NUL characters) or None")
+    return v
 
 
 def _not_yet(key: str, value: Any, issue: str) -> ConfigError:
@@ -187,30 +219,33 @@ def resolve_options(options: Mapping[str, Any] | None = None,
         ConfigError: an unknown key, a bad value (the message lists the valid
             keys or values), or an option that is not yet supported.
     """
+    if options is not None and not isinstance(options, Mapping):
+        raise ConfigError(f"modelpar options: options={options!r} is not valid; options takes a "
+                          f"dict with keys {', '.join(_KEYS)}, or None")
     options = dict(options or {})
-    unknown = sorted(k for k in options if k not in _KEYS)
+    unknown = _sorted_reprs(k for k in options if k not in _KEYS)
     if unknown:
         raise ConfigError(f"modelpar options: unknown key{'s' if len(unknown) > 1 else ''} "
-                          f"{', '.join(map(repr, unknown))}; valid keys: {', '.join(_KEYS)}")
+                          f"{', '.join(unknown)}; valid keys: {', '.join(_KEYS)}")
     mode = "default" if mode is None else mode
     _choice("mode", mode, VALID_MODES)
 
     # 1. Types and ranges.
     strict = _bool("strict", options.get("strict", False))
     cuda_graphs = _bool("cuda_graphs", options.get("cuda_graphs", False))
-    dump_dir = options.get("dump_dir", os.environ.get("MODELPAR_DUMP_DIR") or None)
-    if dump_dir is not None and not isinstance(dump_dir, (str, os.PathLike)):
-        raise _bad("dump_dir", dump_dir, "a directory path or None")
+    dump_dir = _path("dump_dir", options.get("dump_dir", os.environ.get("MODELPAR_DUMP_DIR") or None),
+                     "a directory path")
     partitioner = _choice("partitioner", options.get("partitioner", "default"), _PARTITIONERS)
     devices = options.get("devices", 1)
     check_devices("options", devices)
     device_map = options.get("device_map")
     if isinstance(device_map, tuple):
         device_map = list(device_map)
-    if not (device_map is None or device_map in ("cpu", "cuda")
-            or (isinstance(device_map, str) and _CUDA_K.match(device_map))
+    if not (device_map is None
+            or (isinstance(device_map, str) and (device_map in ("cpu", "cuda")
+                                                 or _CUDA_K.fullmatch(device_map)))
             or (isinstance(device_map, list) and device_map
-                and all(isinstance(d, str) and _CUDA_K.match(d) for d in device_map))):
+                and all(isinstance(d, str) and _CUDA_K.fullmatch(d) for d in device_map))):
         raise _bad("device_map", device_map, "None, 'cpu', 'cuda', 'cuda:K' or a list of 'cuda:K' "
                    "strings, one per device")
     placer = options.get("placer")
@@ -222,9 +257,7 @@ def resolve_options(options: Mapping[str, Any] | None = None,
         if not isinstance(pipeline, Mapping):
             raise _bad("pipeline", pipeline, f"None or a dict with keys {', '.join(_PIPELINE_KEYS)}")
         pipeline = pipeline_options(pipeline)
-    trace = options.get("trace")
-    if trace is not None and not isinstance(trace, (str, os.PathLike)):
-        raise _bad("trace", trace, "a file path or None")
+    trace = _path("trace", options.get("trace"), "a file path")
 
     # 2. What is not built yet.
     if placer is not None and devices == 1:
