@@ -84,7 +84,7 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
                        ("checkpoint", CHECKPOINT_MODES), ("batch_norm", BATCH_NORM_MODES),
                        ("loss_reduction", LOSS_REDUCTIONS)):
         if not isinstance(out[key], str) or out[key] not in valid:
-            if out[key] == "pipedream":  # renamed: one name per idea (passes/option_names.h)
+            if isinstance(out[key], str) and out[key] == "pipedream":  # renamed: one name per idea (passes/option_names.h)
                 raise bad(key, out[key], "'balance-time-comm' now (the name of what it does)")
             raise bad(key, out[key], "one of " + ", ".join(map(repr, valid)))
     for key in ("portals", "allow_random"):

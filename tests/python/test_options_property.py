@@ -323,6 +323,9 @@ def test_any_option_dict_resolves_or_is_a_config_error(options, mode) -> None:
     ({"device_map": np.array([1, 2])}, r"device_map=array\(\[1, 2\]\) is not valid"),
     ({"device_map": "cuda:0\n"}, r"device_map='cuda:0\\n' is not valid"),
     ({"dump_dir": "out\0dir"}, r"dump_dir='out\\x00dir' is not valid.*without NUL"),
+    # the renamed-value check compared an array with '==' (a numpy ValueError)
+    ({"pipeline": {"schedule": np.array([0, 0])}}, r"pipeline\['schedule'\]=array\(\[0, 0\]\)"),
+    ({"pipeline": {"partition": "pipedream"}}, r"'balance-time-comm' now"),
 ])
 def test_bad_values_found_by_the_property_tests(options, match) -> None:
     """The cases the properties above found (each was a TypeError,
