@@ -158,10 +158,13 @@ class PipelineStep:
         if self.mode == "split" and self.options["schedule"] != "gpipe":
             raise ConfigError(
                 f"modelpar pipeline: schedule={self.options['schedule']!r} interleaves forward and "
-                "backward micro-batches, but the loss is computed outside the compiled function, "
-                "so AOTAutograd runs the backward only after the whole forward: only fill-drain "
-                "('gpipe') fits. For 1F1B, compile a function that returns the loss, e.g. "
-                "torch.compile(lambda x, y: loss_fn(model(x), y), ...)")
+                "backward micro-batches, but this captured graph does not return the loss (it is "
+                "computed outside the compiled function, or in another graph after a graph break, "
+                "e.g. at a data-dependent op: modelpar.plans() lists the graphs), so AOTAutograd "
+                "runs the backward only after the whole forward: only fill-drain ('gpipe') fits. "
+                "For 1F1B, compile a function that returns the loss, e.g. "
+                "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
+                "before the loss")
         links = tangents if self.mode == "step" else []
         # FX outputs map onto IR outputs (-1: None or a constant); keep every
         # IR output the user's forward outputs use.

@@ -326,3 +326,35 @@ def test_many_batch_sizes_keep_threads_and_cached_steps_bounded() -> None:
     # Once the cache is full, every new size frees the threads of the one it drops.
     full = counts[compile_pipeline.MAX_BATCH_SIZES - 1]
     assert max(counts[compile_pipeline.MAX_BATCH_SIZES:]) <= full, counts
+
+
+class _DataDependent(torch.nn.Module):
+    """A data-dependent size (nonzero's count) makes Dynamo break the graph
+    before the loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.a(x)
+        return self.b(h) * h.nonzero().shape[0]
+
+
+def test_a_graph_break_before_the_loss_says_so_under_1f1b() -> None:
+    model = _DataDependent()
+    step = torch.compile(lambda x: model(x).sum(), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}})
+    with pytest.raises(Exception) as err:
+        step(torch.randn(8, 8))
+    inner = _inner(err)
+    assert isinstance(inner, modelpar.ConfigError), inner
+    assert "after a graph break" in str(inner) and "no graph break before the loss" in str(inner)
+
+
+def test_a_model_without_modules_is_a_config_error_naming_layers() -> None:
+    w = torch.nn.Parameter(torch.randn(8, 8))
+    step = torch.compile(lambda x: (torch.relu(x @ w) @ w).sum(), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}})
+    with pytest.raises(modelpar.ConfigError, match="has no forward node with a layer"):
+        step(torch.randn(8, 8))
