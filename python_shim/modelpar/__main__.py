@@ -19,6 +19,15 @@ import argparse
 import sys
 
 
+def _report(command: str, e: BaseException) -> int:
+    """Prints a modelpar error or an unreadable file as one line on stderr; returns 1."""
+    message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
+    if isinstance(e, OSError) and e.filename is not None:
+        message = f"cannot read '{e.filename}': {e.strerror}"
+    print(f"python -m modelpar {command}: error: {message}", file=sys.stderr)
+    return 1
+
+
 def _plan(args: argparse.Namespace) -> int:
     import modelpar
     from modelpar.planning import plan_graph
@@ -32,11 +41,7 @@ def _plan(args: argparse.Namespace) -> int:
                        machine=args.machine, trace=args.trace, coarsen=not args.no_coarsen,
                        dump_dir=args.dump_dir, lp_time_limit_s=args.lp_time_limit)
     except (modelpar.Error, OSError) as e:
-        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        if isinstance(e, OSError) and e.filename is not None:
-            message = f"cannot read '{e.filename}': {e.strerror}"
-        print(f"python -m modelpar plan: error: {message}", file=sys.stderr)
-        return 1
+        return _report("plan", e)
     print(p.summary(), end="")
     if args.trace:
         print(f"  trace: {args.trace}")
@@ -59,11 +64,7 @@ def _opt(args: argparse.Namespace) -> int:
         text = sys.stdin.read() if args.ir == "-" else open(args.ir, encoding="utf-8").read()
         out = _C.run_passes(text, args.passes, dump_dir=args.dump_dir, verify=not args.no_verify)
     except (modelpar.Error, OSError) as e:
-        message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
-        if isinstance(e, OSError) and e.filename is not None:
-            message = f"cannot read '{e.filename}': {e.strerror}"
-        print(f"python -m modelpar opt: error: {message}", file=sys.stderr)
-        return 1
+        return _report("opt", e)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(out)
