@@ -21,6 +21,39 @@ inline DeviceModel machine(int n, int64_t memory = int64_t{1} << 40, double late
   return DeviceModel::uniform(n, d, LinkSpec{latency_us, bytes_per_us * 1e6});
 }
 
+// The diamond the placement, lowering and simulation tests share. Every value
+// is f32[256] = 1 KiB; on machine() a transfer takes 2 us + 1024 B / (1024
+// B/us) = 3 us. Costs are given (profiled), so the cost pass keeps them.
+//
+//        %x
+//        |
+//        a  10 us
+//       / \
+//  20 b     c 20 us
+//       \ /
+//        d  5 us
+//
+// kDiamond has one layer per node; kDiamondNoLayers none (co-placement may
+// merge across nodes).
+inline constexpr const char* kDiamond = R"(
+graph @diamond(%x: f32[256] input) {
+  %a: f32[256] = aten::relu(%x) {layer="a", cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {layer="b", cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::sigmoid(%a) {layer="c", cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %d: f32[256] = aten::add.Tensor(%b, %c) {layer="d", cost={time_us=5.0, out=1024, temp=0, persist=0}}
+  return %d
+}
+)";
+inline constexpr const char* kDiamondNoLayers = R"(
+graph @diamond(%x: f32[256] input) {
+  %a: f32[256] = aten::relu(%x) {cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::sigmoid(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %d: f32[256] = aten::add.Tensor(%b, %c) {cost={time_us=5.0, out=1024, temp=0, persist=0}}
+  return %d
+}
+)";
+
 inline ir::Type f32(int64_t elems) { return ir::Type::tensor(ir::ScalarType::Float32, std::vector<int64_t>{elems}); }
 
 /// Adds a node reading `ins` (a relu for one input, a cat for more) with one

@@ -18,16 +18,7 @@ namespace modelpar::passes {
 namespace {
 
 using testing::machine;
-
-constexpr const char* kDiamond = R"(
-graph @diamond(%x: f32[256] input) {
-  %a: f32[256] = aten::relu(%x) {cost={time_us=10.0, out=1024, temp=0, persist=0}}
-  %b: f32[256] = aten::relu(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
-  %c: f32[256] = aten::sigmoid(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
-  %d: f32[256] = aten::add.Tensor(%b, %c) {cost={time_us=5.0, out=1024, temp=0, persist=0}}
-  return %d
-}
-)";
+using testing::kDiamondNoLayers;
 
 // a, b on device 0; c, d on device 1 (m-ETF's plan, place_metf_test).
 Placement diamondPlacement() {
@@ -40,7 +31,7 @@ Placement diamondPlacement() {
 }
 
 TEST(Lower, WithoutFreesKeepsEverything) {
-  ir::Graph g = ir::parseGraph(kDiamond);
+  ir::Graph g = ir::parseGraph(kDiamondNoLayers);
   LowerOptions o;
   o.emit_frees = false;
   ir::Program p = lower(g, diamondPlacement(), o);
@@ -51,7 +42,7 @@ TEST(Lower, WithoutFreesKeepsEverything) {
 }
 
 TEST(Lower, RejectsAPlacementThatMissesANode) {
-  ir::Graph g = ir::parseGraph(kDiamond);
+  ir::Graph g = ir::parseGraph(kDiamondNoLayers);
   Placement pl = diamondPlacement();
   pl.order[1].pop_back();
   try {

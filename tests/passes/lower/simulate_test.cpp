@@ -17,22 +17,13 @@ namespace modelpar::passes {
 namespace {
 
 using testing::machine;
+using testing::kDiamondNoLayers;
 using Kind = ir::Instruction::Kind;
-
-constexpr const char* kDiamond = R"(
-graph @diamond(%x: f32[256] input) {
-  %a: f32[256] = aten::relu(%x) {cost={time_us=10.0, out=1024, temp=0, persist=0}}
-  %b: f32[256] = aten::relu(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
-  %c: f32[256] = aten::sigmoid(%a) {cost={time_us=20.0, out=1024, temp=0, persist=0}}
-  %d: f32[256] = aten::add.Tensor(%b, %c) {cost={time_us=5.0, out=1024, temp=0, persist=0}}
-  return %d
-}
-)";
 
 // Device 0: run a 0..10, send a 10..13, run b 10..30, send b 30..33.
 // Device 1: recv a (10..13), run c 13..33, recv b (30..33), run d 33..38.
 TEST(Simulate, ReproducesThePlacersDiamondTimeline) {
-  ir::Graph g = ir::parseGraph(kDiamond);
+  ir::Graph g = ir::parseGraph(kDiamondNoLayers);
   Placement pl = placeMEtf(g, machine(2));
   ir::Program p = lower(g, pl);
   SimulationReport r = simulate(p, machine(2));

@@ -12,25 +12,7 @@ namespace modelpar::passes {
 namespace {
 
 using testing::machine;
-
-// Every value is f32[256] = 1 KiB; a transfer takes 2 us + 1024 B / (1024 B/us) = 3 us.
-//
-//        %x
-//        |
-//        a  10 us
-//       / \
-//  20 b     c 20 us
-//       \ /
-//        d  5 us
-constexpr const char* kDiamond = R"(
-graph @diamond(%x: f32[256] input) {
-  %a: f32[256] = aten::relu(%x) {layer="a", cost={time_us=10.0, out=1024, temp=0, persist=0}}
-  %b: f32[256] = aten::relu(%a) {layer="b", cost={time_us=20.0, out=1024, temp=0, persist=0}}
-  %c: f32[256] = aten::sigmoid(%a) {layer="c", cost={time_us=20.0, out=1024, temp=0, persist=0}}
-  %d: f32[256] = aten::add.Tensor(%b, %c) {layer="d", cost={time_us=5.0, out=1024, temp=0, persist=0}}
-  return %d
-}
-)";
+using testing::kDiamond;
 
 TEST(PlaceMEtf, SplitsDiamondAtHandComputedMakespan) {
   ir::Graph g = ir::parseGraph(kDiamond);
