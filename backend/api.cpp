@@ -12,31 +12,32 @@ c10::Device device() { return c10::Device(c10::DeviceType::PrivateUse1, 0); }
 
 void sync() { session().sync(); }
 
-Options options() {
-  const backend::SessionOptions o = session().options();
-  return Options{o.strict, o.warn_on_graph_break, o.cache};
-}
+Options options() { return session().options(); }
 
-void setOptions(const Options& o) {
-  session().setOptions(backend::SessionOptions{o.strict, o.warn_on_graph_break, o.cache});
-}
+void configure(const Options& o) { session().setOptions(o); }
+
+void setOptions(const Options& o) { configure(o); }
 
 Counters counters() {
   const backend::SessionCounters c = session().counters();
-  return Counters{c.captures, c.replays, c.syncs, c.graph_breaks, c.ops_recorded};
+  return Counters{c.captures, c.replays, c.syncs, c.graph_breaks, c.ops_recorded, c.evictions};
 }
 
 void resetCounters() { session().resetCounters(); }
 
 std::vector<PlanInfo> plans() {
   std::vector<PlanInfo> out;
-  for (auto& [text, runs] : session().plans()) out.push_back(PlanInfo{std::move(text), runs});
+  for (backend::PlanReport& p : session().plans()) {
+    out.push_back(PlanInfo{std::move(p.graph), p.runs, std::move(p.summary)});
+  }
   return out;
 }
 
 void clearPlans() { session().clearPlans(); }
 
 std::string lastGraph() { return session().lastGraph(); }
+
+std::string lastPlan() { return session().lastPlan(); }
 
 void nameTensor(const at::Tensor& t, const std::string& name, TensorRole role) {
   const ir::InputRole r = role == TensorRole::Parameter ? ir::InputRole::Parameter

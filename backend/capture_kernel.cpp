@@ -77,6 +77,9 @@ std::vector<IValue> recordCall(const c10::OperatorHandle& op, const std::vector<
   ctx.tensor = [](const at::Tensor& t) {
     return isModelpar(t) ? session().valueOf(t) : session().scalarInput(t);
   };
+  if (session().recordingUpdate()) {  // Note [Per-step scalars are inputs] (session.h)
+    ctx.floating = [](double x) { return ir::Arg::value(session().floatInput(x)); };
+  }
   std::vector<ir::Arg> ir_args = capture::toArgs(s, args, ctx);
 
   std::vector<ir::Type> types;

@@ -2,6 +2,7 @@
 #include "backend/session.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <numeric>
@@ -12,6 +13,7 @@
 #include <c10/util/thread_name.h>
 
 #include "backend/autograd_info.h"
+#include "backend/device_options.h"
 #include "capture/convert.h"
 #include "capture/layers.h"
 #include "ir/printer.h"
@@ -106,7 +108,7 @@ void Session::enterTrace(StorageState& s, const at::Tensor& t) {
   // on them: a step whose input is laid out differently is another plan.
   in.key_note = c10::str(c10::IntArrayRef(s.base.strides), "+", s.base.offset);
   s.value = trace_.addInput(typeOf(s.base), std::move(in));
-  input_data_.push_back(cpuTensor(s.cpu, s.base));
+  input_data_.emplace_back(cpuTensor(s.cpu, s.base));
   s.unchanged_input = true;
 }
 
@@ -152,6 +154,16 @@ ir::ValueId Session::scalarInput(const at::Tensor& cpu) {
   input_data_.push_back(std::move(copy));
   return v;
 }
+
+ir::ValueId Session::floatInput(double x) {
+  capture::TracedInput in;
+  in.name = "f";
+  ir::ValueId v = trace_.addInput(ir::Type::scalar(ir::Type::Kind::Float), std::move(in));
+  input_data_.emplace_back(x);
+  return v;
+}
+
+bool Session::recordingUpdate() { return currentPhase() == ir::Phase::Update; }
 
 int64_t Session::beginCall(const std::vector<c10::IValue>& args) {
   const int64_t previous = current_seq_;
@@ -293,25 +305,34 @@ void Session::sync() {
   std::vector<c10::IValue> results;
   try {
     capture::BuiltGraph built = trace_.build(out_values);
+    auto it = options_.cache ? cache_.find(built.key) : cache_.end();
     CachedPlan* plan = nullptr;
     CachedPlan uncached;
-    auto it = options_.cache ? cache_.find(built.key) : cache_.end();
     if (it != cache_.end()) {
       plan = &it->second;
       ++counters_.replays;
     } else {
-      plan = options_.cache ? &cache_[built.key] : &uncached;
-      if (options_.cache) cache_order_.push_back(built.key);
-      plan->interpreter = std::make_shared<const runtime::Interpreter>(built.graph);
-      ++counters_.captures;
+      // Plan first: a step that cannot be planned leaves no cache entry.
+      auto runner = std::make_shared<const StepRunner>(built.graph, options_);
+      if (options_.cache) {
+        evictTo(static_cast<size_t>(options_.max_plans) - 1);
+        cache_order_.push_back(built.key);
+        plan = &cache_[built.key];
+      } else {
+        plan = &uncached;
+      }
+      plan->runner = std::move(runner);
+      plan->index = counters_.captures++;
     }
     ++plan->runs;
+    plan->last_used = ++tick_;
     ++counters_.syncs;
     last_graph_ = ir::print(built.graph);
+    last_plan_ = *plan;
     std::vector<c10::IValue> inputs;
     inputs.reserve(built.input_slots.size());
-    for (size_t slot : built.input_slots) inputs.emplace_back(input_data_[slot]);
-    results = plan->interpreter->run(std::move(inputs));
+    for (size_t slot : built.input_slots) inputs.push_back(input_data_[slot]);
+    results = plan->runner->run(std::move(inputs));
   } catch (...) {
     // The step is lost; tensors keep their last materialised contents.
     for (const auto& o : outs) o.second->epoch = 0;
@@ -322,7 +343,9 @@ void Session::sync() {
   // Hand the results to the storages: adopt a result's storage when it is
   // exactly the storage's layout and nobody else has it, else copy.
   std::unordered_set<const c10::StorageImpl*> claimed;
-  for (const at::Tensor& in : input_data_) claimed.insert(in.storage().unsafeGetStorageImpl());
+  for (const c10::IValue& in : input_data_) {
+    if (in.isTensor()) claimed.insert(in.toTensor().storage().unsafeGetStorageImpl());
+  }
   for (size_t i = 0; i < outs.size(); ++i) {
     StorageState& s = *outs[i].second;
     const at::Tensor r = results[i].toTensor();
@@ -403,8 +426,11 @@ SessionOptions Session::options() {
   return options_;
 }
 void Session::setOptions(const SessionOptions& o) {
+  checkOptions(o);
   std::lock_guard<std::recursive_mutex> lock(captureMutex());
+  if (!samePlanning(o, options_)) clearPlans();
   options_ = o;
+  evictTo(static_cast<size_t>(o.max_plans));
 }
 SessionCounters Session::counters() {
   std::lock_guard<std::recursive_mutex> lock(captureMutex());
@@ -415,12 +441,63 @@ void Session::resetCounters() {
   counters_ = SessionCounters{};
 }
 
-std::vector<std::pair<std::string, int64_t>> Session::plans() {
+void Session::evictTo(size_t keep) {
+  while (cache_.size() > keep) {
+    auto lru = cache_order_.begin();
+    for (auto k = cache_order_.begin(); k != cache_order_.end(); ++k) {
+      if (cache_.at(*k).last_used < cache_.at(*lru).last_used) lru = k;
+    }
+    cache_.erase(*lru);
+    cache_order_.erase(lru);
+    ++counters_.evictions;
+  }
+}
+
+std::string Session::summaryOf(const CachedPlan& p) const {
+  // The layout of torch.compile's Plan.summary() (python_shim/modelpar/plan.py).
+  const StepRunner& r = *p.runner;
+  const ir::Graph& g = r.graph();
+  int64_t params = 0, buffers = 0;
+  for (const ir::Input& in : g.inputs()) {
+    params += in.role == ir::InputRole::Parameter;
+    buffers += in.role == ir::InputRole::Buffer;
+  }
+  auto right = [](int64_t n, size_t width) {
+    std::string s = std::to_string(n);
+    return std::string(width > s.size() ? width - s.size() : 0, ' ') + s;
+  };
+  std::string out = c10::str("modelpar device plan ", p.index, ": the step captured on the modelpar device\n",
+                             "  runs: ", p.runs, " step", p.runs == 1 ? "" : "s", " (", p.runs - 1,
+                             " replayed)\n");
+  const std::string opts = nonDefaultOptions(options_);
+  if (!opts.empty()) out += c10::str("  options: ", opts, "\n");
+  out += c10::str("  graph      inputs params buffers  nodes values  runs on\n", "  step       ",
+                  right(static_cast<int64_t>(g.inputs().size()), 6), " ", right(params, 6), " ",
+                  right(buffers, 7), " ", right(static_cast<int64_t>(g.numNodes()), 6), " ",
+                  right(static_cast<int64_t>(g.numValues()), 6), "  ", r.runsOn(), "\n");
+  if (!r.placementSummary().empty()) {
+    char us[32];
+    std::snprintf(us, sizeof us, "%.1f", r.simulatedStepUs());
+    out += c10::str("  simulated step (forward, backward and update placed as one): ", us,
+                    " us\n  [step]\n");
+    size_t begin = 0;
+    const std::string& text = r.placementSummary();
+    while (begin < text.size()) {
+      size_t end = text.find('\n', begin);
+      if (end == std::string::npos) end = text.size();
+      out += "    " + text.substr(begin, end - begin) + "\n";
+      begin = end + 1;
+    }
+  }
+  return out;
+}
+
+std::vector<PlanReport> Session::plans() {
   std::lock_guard<std::recursive_mutex> lock(captureMutex());
-  std::vector<std::pair<std::string, int64_t>> out;
+  std::vector<PlanReport> out;
   for (const std::string& key : cache_order_) {
     const CachedPlan& p = cache_.at(key);
-    out.emplace_back(ir::print(p.interpreter->graph()), p.runs);
+    out.push_back(PlanReport{ir::print(p.runner->graph()), p.runs, summaryOf(p)});
   }
   return out;
 }
@@ -434,6 +511,11 @@ void Session::clearPlans() {
 std::string Session::lastGraph() {
   std::lock_guard<std::recursive_mutex> lock(captureMutex());
   return last_graph_;
+}
+
+std::string Session::lastPlan() {
+  std::lock_guard<std::recursive_mutex> lock(captureMutex());
+  return last_plan_.runner ? summaryOf(last_plan_) : std::string();
 }
 
 }  // namespace modelpar::backend

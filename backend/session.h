@@ -14,8 +14,9 @@
 #include <ATen/core/Tensor.h>
 
 #include "backend/storage.h"
+#include "backend/step_runner.h"
 #include "capture/trace.h"
-#include "runtime/interpreter.h"
+#include "modelpar/modelpar.h"
 
 namespace modelpar::backend {
 
@@ -48,12 +49,26 @@ namespace modelpar::backend {
 // (`view(dtype)`) and in-place view ops (`t_`, `squeeze_`, `as_strided_`)
 // raise UnsupportedOpError; `resize_` only to the same size.
 
-/// Options of the capture (modelpar/modelpar.h mirrors them).
-struct SessionOptions {
-  bool strict = false;               // an op that cannot be captured raises
-  bool warn_on_graph_break = true;   // one warning per op name
-  bool cache = true;                 // replay identical graphs
-};
+// Note [Per-step scalars are inputs]
+// An optimizer's update reads Python or C++ numbers that change every step:
+// the learning rate under a scheduler, Adam's bias corrections computed from
+// its step count (a CPU scalar tensor unless capturable, or an int64 in
+// LibTorch). Written into the graph as constants, they would make every
+// step's graph text new: a capture per step and a cache that never replays.
+// So while the update is recorded (phase update: after a backward, under
+// no_grad), every floating-point number passed as a `Scalar` or `float`
+// argument, or inside a `Scalar[]` (the foreach ops' lists), becomes a
+// `float` graph input holding it (capture/convert.h ArgContext::floating);
+// the graph key has the input's type, not its value, so the next step's
+// different numbers replay the same plan. Forward and backward numbers stay
+// constants: they do not change between steps, and passes read some of
+// them (batch-norm momentum and eps when micro-batching). CPU 0-dim tensors
+// were graph inputs already (scalarInput). Integers stay constants (sizes,
+// dims); a `float[]` argument (sizes such as scale factors) too.
+
+/// Options of the capture and of how steps run: the public modelpar::Options
+/// (include/modelpar/modelpar.h), checked by device_options.h.
+using SessionOptions = modelpar::Options;
 
 struct SessionCounters {
   int64_t captures = 0;      // graphs built and planned (cache misses)
@@ -61,11 +76,21 @@ struct SessionCounters {
   int64_t syncs = 0;         // syncs that ran a non-empty graph
   int64_t graph_breaks = 0;  // ops run eagerly because they cannot be captured
   int64_t ops_recorded = 0;  // nodes recorded into traces
+  int64_t evictions = 0;     // cached plans dropped (Options::max_plans, least recently used first)
 };
 
 struct CachedPlan {
-  std::shared_ptr<const runtime::Interpreter> interpreter;
+  std::shared_ptr<const StepRunner> runner;
+  int64_t index = 0;      // captures before this one (its number in summaries)
   int64_t runs = 0;
+  uint64_t last_used = 0;  // sync tick of its last run (LRU eviction)
+};
+
+/// One cached plan for people: graph text, runs and summary (modelpar::PlanInfo).
+struct PlanReport {
+  std::string graph;
+  int64_t runs = 0;
+  std::string summary;
 };
 
 /// The process-wide capture session. Every method locks captureMutex().
@@ -78,6 +103,11 @@ class Session {
   ir::ValueId valueOf(const at::Tensor& t);
   /// A graph input holding a copy of a CPU scalar (0-dim) tensor.
   ir::ValueId scalarInput(const at::Tensor& cpu_scalar);
+  /// A `float` graph input holding `x`: Note [Per-step scalars are inputs].
+  ir::ValueId floatInput(double x);
+  /// True while the ops being recorded are the optimizer update (phase
+  /// update: after a backward, under no_grad).
+  bool recordingUpdate();
   /// Starts recording one operator call: later nodes get its autograd
   /// sequence number (autograd_info.h). Returns the previous number, for
   /// endCall (calls nest: a copy kernel records through the capture kernel).
@@ -112,14 +142,19 @@ class Session {
   void popScope();
 
   SessionOptions options();
+  /// Checks `o` (device_options.h; ConfigError, nothing applied), applies
+  /// it, and drops the cached plans when it plans steps differently; with a
+  /// smaller max_plans the least recently used plans go (counted).
   void setOptions(const SessionOptions& o);
   SessionCounters counters();
   void resetCounters();
-  /// Text of each cached plan's graph and how often it ran, in capture order.
-  std::vector<std::pair<std::string, int64_t>> plans();
+  /// Each cached plan's graph text, runs and summary, in capture order.
+  std::vector<PlanReport> plans();
   void clearPlans();
   /// Text of the graph the last sync ran ("" if none).
   std::string lastGraph();
+  /// Summary of the plan the last sync ran ("" if none).
+  std::string lastPlan();
 
  private:
   Session() = default;
@@ -129,10 +164,13 @@ class Session {
   ir::ValueId writeBack(StorageState& s, const Geometry& g, ir::ValueId v);
   std::optional<ir::Phase> currentPhase();
   std::string currentLayer();
+  /// Drops least recently used plans until at most `keep` are cached.
+  void evictTo(size_t keep);
+  std::string summaryOf(const CachedPlan& p) const;
 
   uint64_t epoch_ = 1;
   capture::Trace trace_;
-  std::vector<at::Tensor> input_data_;  // parallel to trace_.inputs()
+  std::vector<c10::IValue> input_data_;  // parallel to trace_.inputs()
   bool backward_seen_ = false;
   int64_t current_seq_ = -1;
 
@@ -144,8 +182,10 @@ class Session {
   std::unordered_map<const c10::TensorImpl*, Named> names_;
 
   std::unordered_map<std::string, CachedPlan> cache_;
-  std::vector<std::string> cache_order_;
+  std::vector<std::string> cache_order_;  // keys in capture order
+  uint64_t tick_ = 0;                     // syncs that ran a graph, for LRU
   std::string last_graph_;
+  CachedPlan last_plan_;                  // a copy of the last run plan's entry
   SessionOptions options_;
   SessionCounters counters_;
   std::unordered_set<std::string> warned_;

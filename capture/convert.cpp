@@ -72,11 +72,13 @@ ir::Arg toArg(const c10::IValue& v, const c10::Type& t, const ArgContext& ctx) {
       return ir::Arg::integer(toInt(v));
     case TypeKind::FloatType:
     case TypeKind::SymFloatType:
+      if (v.isDouble() && ctx.floating) return ctx.floating(v.toDouble());
       return v.isDouble() ? ir::Arg::floating(v.toDouble()) : scalar(v);
     case TypeKind::BoolType:
     case TypeKind::SymBoolType:
       return ir::Arg::boolean(v.toBool());
     case TypeKind::NumberType:
+      if (v.isDouble() && ctx.floating) return ctx.floating(v.toDouble());
       return scalar(v);
     case TypeKind::StringType:
       return ir::Arg::string(v.toStringRef());
@@ -121,12 +123,14 @@ std::vector<ir::Arg> toArgs(const c10::FunctionSchema& schema, c10::ArrayRef<c10
   const std::vector<c10::Argument>& params = schema.arguments();
   std::vector<ir::Arg> converted(params.size());
   std::vector<bool> is_default(params.size(), false);
+  ArgContext plain = ctx;  // defaults are constants: never make inputs for them
+  plain.floating = nullptr;
   for (size_t i = 0; i < params.size() && i < args.size(); ++i) {
     const c10::Type& t = *params[i].real_type();
     converted[i] = toArg(args[i], t, ctx);
     if (params[i].default_value() && !converted[i].isValue()) {
       try {
-        is_default[i] = toArg(*params[i].default_value(), t, ctx) == converted[i];
+        is_default[i] = toArg(*params[i].default_value(), t, plain) == converted[i];
       } catch (const UnsupportedOpError&) {
         is_default[i] = false;
       }

@@ -23,6 +23,12 @@ struct ArgContext {
   /// The text a PrivateUse1 (modelpar) device argument becomes: captured
   /// graphs run where their inputs live, the CPU today.
   std::string device_as = "cpu";
+  /// When set, a floating-point number passed as a `Scalar` or `float`
+  /// argument, or inside a `Scalar[]`, becomes the argument this returns
+  /// instead of a constant (the backend returns a graph input: Note
+  /// [Per-step scalars are inputs] in backend/session.h). Not called for
+  /// schema defaults, nor for `float[]` arguments.
+  std::function<ir::Arg(double)> floating;
 };
 
 /// The IR type of a tensor (dtype + static shape). Throws UnsupportedOpError

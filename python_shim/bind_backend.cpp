@@ -1,9 +1,10 @@
-// Python bindings of the modelpar device (backend/): sync, options,
+// Python bindings of the modelpar device (backend/): sync, options (configure),
 // counters, cached plans, tensor names and layer scopes. Registered from
 // module.cpp; the functions are private (`_C._device_*`) and wrapped by
 // modelpar/device.py.
 #include <torch/csrc/utils/pybind.h>
 
+#include <optional>
 #include <string>
 
 #include "backend/session.h"
@@ -39,23 +40,62 @@ void bindBackend(py::module_& m) {
     d["syncs"] = c.syncs;
     d["graph_breaks"] = c.graph_breaks;
     d["ops_recorded"] = c.ops_recorded;
+    d["evictions"] = c.evictions;
     return d;
   });
   m.def("_device_reset_counters", &resetCounters);
   m.def("_device_options", [] {
     const Options o = options();
-    return py::make_tuple(o.strict, o.warn_on_graph_break, o.cache);
+    py::dict d;
+    d["strict"] = o.strict;
+    d["warn_on_graph_break"] = o.warn_on_graph_break;
+    d["cache"] = o.cache;
+    d["devices"] = o.devices;
+    d["device_map"] = o.device_map;
+    d["placer"] = o.placer.empty() ? py::object(py::none()) : py::object(py::str(o.placer));
+    d["memory"] = o.memory ? py::object(py::int_(*o.memory)) : py::object(py::none());
+    d["pipeline"] = py::none();
+    d["max_plans"] = o.max_plans;
+    return d;
   });
-  m.def("_device_set_options", [](bool strict, bool warn, bool cache) {
-    setOptions(Options{strict, warn, cache});
-  });
+  // The checked options of modelpar.device.configure (device.py validated
+  // them with options.py; configure() checks them again with passes' names).
+  m.def("_device_configure",
+        [](bool strict, bool warn, bool cache, int devices, const std::string& device_map,
+           const std::string& placer, std::optional<int64_t> memory, int max_plans,
+           std::optional<py::dict> pipeline) {
+          Options o;
+          o.strict = strict;
+          o.warn_on_graph_break = warn;
+          o.cache = cache;
+          o.devices = devices;
+          o.device_map = device_map;
+          o.placer = placer;
+          o.memory = memory;
+          o.max_plans = max_plans;
+          if (pipeline) {
+            const py::dict& p = *pipeline;
+            PipelineOptions po;
+            po.microbatches = p["microbatches"].cast<int>();
+            po.schedule = p["schedule"].cast<std::string>();
+            po.partition = p["partition"].cast<std::string>();
+            po.checkpoint = p["checkpoint"].cast<std::string>();
+            po.portals = p["portals"].cast<bool>();
+            po.batch_norm = p["batch_norm"].cast<std::string>();
+            po.allow_random = p["allow_random"].cast<bool>();
+            po.loss_reduction = p["loss_reduction"].cast<std::string>();
+            o.pipeline = po;
+          }
+          configure(o);
+        });
   m.def("_device_plans", [] {
     py::list out;
-    for (const PlanInfo& p : plans()) out.append(py::make_tuple(p.graph, p.runs));
+    for (const PlanInfo& p : plans()) out.append(py::make_tuple(p.graph, p.runs, p.summary));
     return out;
   });
   m.def("_device_clear_plans", &clearPlans);
   m.def("_device_last_graph", &lastGraph);
+  m.def("_device_last_plan", &lastPlan);
   m.def("_device_name_tensor", [](const at::Tensor& t, const std::string& name, const std::string& role) {
     session().nameTensor(t, name, parseRole(role));
   });

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,23 @@ c10::Device device();
 /// operator fails (naming the node and operator).
 void sync();
 
+/// The pipeline option: torch.compile's `pipeline` dict, the same names,
+/// values and defaults (passes/option_names.h holds the valid values).
+/// Accepted and checked; running a pipelined step on the device is not built
+/// yet, so configure() refuses it with a ConfigError saying so.
+struct PipelineOptions {
+  int microbatches = 4;                    // >= 1
+  std::string schedule = "gpipe";          // "gpipe", "1f1b", "1f1b*"
+  std::string partition = "balance-time";  // "balance-time", "balance-size", "balance-time-comm", "madpipe"
+  std::string checkpoint = "except_last";  // "always", "except_last", "never"
+  bool portals = true;
+  std::string batch_norm = "deferred";     // "refuse", "deferred"
+  bool allow_random = false;
+  std::string loss_reduction = "auto";     // "auto", "mean", "sum"
+};
+
+/// How the device captures and runs steps. The planning options have
+/// torch.compile's names, values and checks (options.py, passes/option_names.h).
 struct Options {
   /// An op that cannot be captured (data-dependent output shape such as
   /// nonzero, unique, masked_select; no way to infer its shapes) raises
@@ -49,8 +67,34 @@ struct Options {
   bool warn_on_graph_break = true;
   /// Replay a cached plan when a step's graph equals an earlier one.
   bool cache = true;
+  /// Logical devices, 1 to 64. With N >= 2 every captured step is placed
+  /// over N devices (passes' planPlacement) and run by the multi-device
+  /// Executor; with 1 it runs on the one-device interpreter.
+  int devices = 1;
+  /// Where the logical devices run: "cpu" (one CPU worker thread per
+  /// logical device), "cuda" (logical i on cuda:i), "cuda:K" (all on GPU K),
+  /// or "cuda:0,cuda:1,..." (one per logical device; needs a CUDA build).
+  std::string device_map = "cpu";
+  /// "m-topo", "m-etf" or "m-sct" (Baechi's placers); "" means m-etf.
+  /// Needs devices > 1.
+  std::string placer;
+  /// Memory per device in bytes (> 0): the plan must fit it, or the sync
+  /// throws modelpar::PlanDoesNotFitError naming layer, device and bytes.
+  /// Setting it plans the step even on one device.
+  std::optional<int64_t> memory;
+  /// Pipeline parallelism (see PipelineOptions): not built on the device yet.
+  std::optional<PipelineOptions> pipeline;
+  /// Cached plans kept (>= 1); the least recently used one is dropped when a
+  /// new capture would exceed it (Counters::evictions).
+  int max_plans = 8;
 };
 Options options();
+/// Checks every option, then applies them all; a bad value throws
+/// modelpar::ConfigError naming the option and its valid values, and
+/// nothing changes. Changing a planning option (devices, device_map, placer,
+/// memory, pipeline) drops the cached plans: the next step plans again.
+void configure(const Options& options);
+/// The same as configure().
 void setOptions(const Options& options);
 
 struct Counters {
@@ -59,14 +103,19 @@ struct Counters {
   int64_t syncs = 0;         // steps run (captures + replays)
   int64_t graph_breaks = 0;  // ops run eagerly because they cannot be captured
   int64_t ops_recorded = 0;  // operator calls recorded
+  int64_t evictions = 0;     // cached plans dropped (Options::max_plans)
 };
 Counters counters();
 void resetCounters();
 
-/// A cached plan: the IR text of its graph and how many steps ran it.
+/// A cached plan: the IR text of its graph, how many steps ran it, and its
+/// summary (what modelpar.plans() prints for torch.compile: the graph's
+/// inputs and nodes, the options, and with planning options the placement
+/// report: devices, simulated step, memory per device).
 struct PlanInfo {
   std::string graph;
   int64_t runs = 0;
+  std::string summary;
 };
 /// Cached plans in the order they were captured.
 std::vector<PlanInfo> plans();
@@ -74,6 +123,9 @@ std::vector<PlanInfo> plans();
 void clearPlans();
 /// IR text of the graph the last sync ran ("" before the first).
 std::string lastGraph();
+/// The summary (PlanInfo::summary) of the plan the last sync ran ("" before
+/// the first).
+std::string lastPlan();
 
 enum class TensorRole { Input, Parameter, Buffer };
 /// Names a tensor for the IR: graph inputs take the name, and a parameter or

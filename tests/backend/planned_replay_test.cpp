@@ -1,0 +1,209 @@
+// The device's options and planned replay: modelpar::configure() checks
+// every option up front with torch.compile's names and words; with devices
+// > 1 a captured step is placed (m-ETF, m-TOPO, m-SCT) and run on CPU worker
+// devices, equal to eager; the plan cache is bounded (LRU, counted); the
+// numbers an optimizer update reads are graph inputs, so changing them
+// replays the same plan.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include <modelpar/modelpar.h>
+
+#include "ir/error.h"
+
+namespace {
+
+/// Restores the default options (and drops their plans) when a test ends.
+struct DefaultOptionsAfter {
+  ~DefaultOptionsAfter() { modelpar::configure(modelpar::Options{}); }
+};
+
+torch::Tensor dev(const torch::Tensor& t) { return t.to(modelpar::device()); }
+
+/// A two-layer MLP forward, the same ops on any device.
+torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2) {
+  return torch::relu(x.mm(w1)).mm(w2).tanh();
+}
+
+struct BadOptions {
+  const char* what;
+  modelpar::Options options;
+  const char* message;
+};
+
+std::vector<BadOptions> badOptions() {
+  std::vector<BadOptions> cases;
+  auto add = [&](const char* what, auto edit, const char* message) {
+    modelpar::Options o;
+    edit(o);
+    cases.push_back({what, o, message});
+  };
+  add("no devices", [](auto& o) { o.devices = 0; },
+      "modelpar options: devices=0 is not valid; devices takes an int from 1 to 64");
+  add("too many devices", [](auto& o) { o.devices = 65; }, "devices=65 is not valid");
+  add("unknown placer", [](auto& o) { o.devices = 2; o.placer = "m-best"; },
+      "placer='m-best' is not valid; placer takes one of 'm-topo', 'm-etf', 'm-sct'");
+  add("placer on one device", [](auto& o) { o.placer = "m-sct"; },
+      "placer='m-sct' needs devices > 1");
+  add("unknown device map", [](auto& o) { o.devices = 2; o.device_map = "gpu"; },
+      "device_map='gpu' is not valid; device_map takes 'cpu', 'cuda', 'cuda:K'");
+  add("device list of the wrong length", [](auto& o) { o.devices = 3; o.device_map = "cuda:0,cuda:1"; },
+      "names 2 devices but devices=3");
+  add("no memory", [](auto& o) { o.memory = 0; }, "memory=0 is not valid");
+  add("no cached plans", [](auto& o) { o.max_plans = 0; },
+      "max_plans=0 is not valid; max_plans takes an int >= 1");
+  add("unknown schedule", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->schedule = "zigzag"; },
+      "schedule='zigzag' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b*'");
+  add("renamed partition", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->partition = "pipedream"; },
+      "partition='pipedream' is now called 'balance-time-comm'");
+  add("pipeline", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; },
+      "pipeline is not yet supported on the modelpar device");
+  return cases;
+}
+
+TEST(BackendPlannedReplay, ConfigureRefusesBadOptionsNamingThemAndChangesNothing) {
+  DefaultOptionsAfter restore;
+  modelpar::Options good;
+  good.devices = 2;
+  good.max_plans = 5;
+  modelpar::configure(good);
+  for (const BadOptions& c : badOptions()) {
+    try {
+      modelpar::configure(c.options);
+      ADD_FAILURE() << c.what << ": no error";
+    } catch (const modelpar::ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos)
+          << c.what << ": " << e.what();
+    }
+    EXPECT_EQ(modelpar::options().devices, 2) << c.what;
+    EXPECT_EQ(modelpar::options().max_plans, 5) << c.what;
+  }
+}
+
+TEST(BackendPlannedReplay, StepPlacedOnTwoAndFourWorkersEqualsEagerAndReplays) {
+  DefaultOptionsAfter restore;
+  torch::manual_seed(0);
+  const torch::Tensor w1 = torch::randn({16, 32}) / 4, w2 = torch::randn({32, 8}) / 6;
+  for (const char* placer : {"m-etf", "m-topo", "m-sct"}) {
+    for (int devices : {2, 4}) {
+      modelpar::Options o;
+      o.devices = devices;
+      o.placer = placer;
+      modelpar::configure(o);
+      modelpar::resetCounters();
+      const torch::Tensor dw1 = dev(w1), dw2 = dev(w2);
+      for (int step = 0; step < 3; ++step) {
+        const torch::Tensor x = torch::randn({4, 16});
+        const torch::Tensor got = mlp(dev(x), dw1, dw2).cpu();
+        // One op never spans devices, so each runs the kernel eager runs; a
+        // CPU worker has one intra-op thread, which may sum a 16- or 32-long
+        // dot product in another order: 2 * 4 * sqrt(32) * 2^-24 per
+        // reduction, two in sequence, is about 5e-6.
+        EXPECT_TRUE(torch::allclose(got, mlp(x, w1, w2), 1e-5, 1e-6)) << placer << " " << devices;
+      }
+      const modelpar::Counters c = modelpar::counters();
+      EXPECT_EQ(c.captures, 1) << placer << " " << devices;
+      EXPECT_EQ(c.replays, 2) << placer << " " << devices;
+      const std::string summary = modelpar::lastPlan();
+      EXPECT_NE(summary.find("runs: 3 steps (2 replayed)"), std::string::npos) << summary;
+      EXPECT_NE(summary.find(std::to_string(devices) + " cpu-workers"), std::string::npos) << summary;
+      EXPECT_NE(summary.find(std::string("placer ") + placer + ", " + std::to_string(devices) + " devices"),
+                std::string::npos)
+          << summary;
+      ASSERT_EQ(modelpar::plans().size(), 1u);
+      EXPECT_EQ(modelpar::plans()[0].summary, summary);
+    }
+  }
+}
+
+TEST(BackendPlannedReplay, ChangingAPlanningOptionDropsThePlans) {
+  DefaultOptionsAfter restore;
+  const torch::Tensor x = dev(torch::ones({2, 2}));
+  (x * 3).cpu();
+  EXPECT_EQ(modelpar::plans().size(), 1u);
+  modelpar::Options o;
+  o.strict = true;  // not a planning option: plans stay
+  modelpar::configure(o);
+  EXPECT_EQ(modelpar::plans().size(), 1u);
+  o.devices = 2;
+  modelpar::configure(o);
+  EXPECT_TRUE(modelpar::plans().empty());
+  EXPECT_NE(modelpar::lastPlan().find("the CPU interpreter"), std::string::npos);  // the last one that ran
+}
+
+TEST(BackendPlannedReplay, LeastRecentlyUsedPlanIsEvictedAndCounted) {
+  DefaultOptionsAfter restore;
+  modelpar::Options o;
+  o.max_plans = 2;
+  modelpar::configure(o);
+  modelpar::clearPlans();
+  modelpar::resetCounters();
+  auto step = [](int64_t n) { return (dev(torch::ones({n})) * 2).sum().item<float>(); };
+  EXPECT_EQ(step(1), 2.0f);  // capture A
+  EXPECT_EQ(step(2), 4.0f);  // capture B
+  EXPECT_EQ(step(1), 2.0f);  // replay A: B is now the least recently used
+  EXPECT_EQ(step(3), 6.0f);  // capture C, evicts B
+  EXPECT_EQ(step(1), 2.0f);  // replay A
+  EXPECT_EQ(step(2), 4.0f);  // capture B again, evicts C
+  modelpar::Counters c = modelpar::counters();
+  EXPECT_EQ(c.captures, 4);
+  EXPECT_EQ(c.replays, 2);
+  EXPECT_EQ(c.evictions, 2);
+  ASSERT_EQ(modelpar::plans().size(), 2u);
+  EXPECT_NE(modelpar::plans()[0].graph.find("f32[1]"), std::string::npos);  // A, captured first
+  EXPECT_NE(modelpar::plans()[1].graph.find("f32[2]"), std::string::npos);
+  o.max_plans = 1;  // shrinking the cache evicts at once
+  modelpar::configure(o);
+  EXPECT_EQ(modelpar::counters().evictions, 3);
+  ASSERT_EQ(modelpar::plans().size(), 1u);
+  EXPECT_NE(modelpar::plans()[0].graph.find("f32[2]"), std::string::npos);
+}
+
+TEST(BackendPlannedReplay, UpdateScalarsAreGraphInputsSoANewLearningRateReplays) {
+  DefaultOptionsAfter restore;
+  modelpar::Options o;
+  o.devices = 2;
+  modelpar::configure(o);
+  modelpar::resetCounters();
+  torch::manual_seed(0);
+  const torch::Tensor w0 = torch::randn({4, 3}), x = torch::randn({5, 4});
+  torch::Tensor w_cpu = w0.clone().requires_grad_();
+  torch::Tensor w_dev = dev(w0).requires_grad_();
+  for (double lr : {0.1, 0.25, 0.05}) {
+    for (torch::Tensor* w : {&w_cpu, &w_dev}) {
+      w->mutable_grad().reset();
+      const torch::Tensor xs = w->device() == x.device() ? x : dev(x);
+      (xs.mm(*w) * 0.5).tanh().sum().backward();  // 0.5: a forward constant
+      torch::NoGradGuard no_grad;
+      w->add_(w->grad(), -lr);  // alpha: a per-step scalar of the update
+    }
+    EXPECT_TRUE(torch::allclose(w_dev.cpu(), w_cpu, 1e-6, 1e-7)) << lr;
+  }
+  EXPECT_EQ(modelpar::counters().captures, 1);
+  EXPECT_EQ(modelpar::counters().replays, 2);
+  const std::string g = modelpar::lastGraph();
+  EXPECT_NE(g.find(": float input"), std::string::npos) << g;  // the learning rate
+  EXPECT_NE(g.find("0.5"), std::string::npos) << g;            // the forward constant stays
+  EXPECT_EQ(g.find("-0.05"), std::string::npos) << g;
+}
+
+TEST(BackendPlannedReplay, StepThatDoesNotFitRaisesAndCachesNothing) {
+  DefaultOptionsAfter restore;
+  modelpar::Options o;
+  o.devices = 2;
+  o.memory = 256;  // bytes per device; the step's weights alone need 4 KiB
+  modelpar::configure(o);
+  modelpar::resetCounters();
+  const torch::Tensor w = dev(torch::ones({32, 32}));
+  EXPECT_THROW(w.mm(w).sum().item<float>(), modelpar::PlanDoesNotFitError);
+  EXPECT_EQ(modelpar::counters().captures, 0);
+  EXPECT_TRUE(modelpar::plans().empty());
+  o.memory.reset();
+  modelpar::configure(o);
+  EXPECT_EQ(w.mm(w).sum().item<float>(), 32.0f * 32 * 32);
+}
+
+}  // namespace
