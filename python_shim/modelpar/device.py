@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import torch
@@ -51,7 +52,8 @@ def sync() -> None:
 def device_counters() -> dict[str, int]:
     """Capture statistics: ``captures`` (graphs built), ``replays`` (steps that
     reused a cached plan), ``syncs``, ``graph_breaks`` (ops run eagerly because
-    they cannot be captured) and ``ops_recorded``."""
+    they cannot be captured), ``ops_recorded`` and ``evictions`` (cached plans
+    dropped for ``max_plans``)."""
     return dict(_C._device_counters())
 
 
@@ -59,29 +61,117 @@ def reset_device_counters() -> None:
     _C._device_reset_counters()
 
 
+#: The keys of :func:`configure` that mean what they mean for ``torch.compile``
+#: (checked by options.py's resolve_options, with its words and errors).
+_COMPILE_KEYS = ("strict", "devices", "device_map", "placer", "memory", "pipeline")
+#: The keys only the device has, with their defaults.
+_DEVICE_DEFAULTS: dict[str, Any] = {"warn_on_graph_break": True, "cache": True, "max_plans": 8}
+CONFIGURE_KEYS = _COMPILE_KEYS + tuple(_DEVICE_DEFAULTS)
+
+
+def configure(**options: Any) -> None:
+    """Sets how the device captures and runs steps; keys not given take their
+    defaults. The planning keys are ``torch.compile``'s (modelpar/options.py),
+    with the same values, checks and errors:
+
+    ``devices`` (1..64, default 1): with N >= 2 every captured step is placed
+    over N logical devices (passes' planPlacement: forward, backward and
+    optimizer update as one graph) and run by the multi-device Executor;
+    ``device_map`` (None/``"cpu"``: one CPU worker thread per device,
+    ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"``); ``placer``
+    (``"m-topo"``, ``"m-etf"``, ``"m-sct"``; None: m-etf; needs devices > 1);
+    ``memory`` (bytes per device, int or ``"16GiB"``: the plan must fit;
+    plans even on one device); ``pipeline`` (checked like torch.compile's,
+    then refused: not built on the device yet); ``strict``.
+    Device keys: ``warn_on_graph_break`` (True), ``cache`` (True: replay
+    identical steps), ``max_plans`` (8: cached plans kept, least recently used
+    dropped first, counted as ``evictions``).
+
+    Changing a planning key drops the cached plans (the next step plans again).
+
+    Raises:
+        ConfigError: an unknown key or a bad value (the message names it and
+            lists the valid ones); nothing is changed then.
+    """
+    from .errors import ConfigError
+    from .options import resolve_options
+
+    unknown = sorted(repr(k) for k in options if k not in CONFIGURE_KEYS)
+    if unknown:
+        raise ConfigError(f"modelpar options: unknown key{'s' if len(unknown) > 1 else ''} "
+                          f"{', '.join(unknown)}; valid keys: {', '.join(CONFIGURE_KEYS)}")
+    compiled = resolve_options({k: options[k] for k in _COMPILE_KEYS if k in options})
+    device = {**_DEVICE_DEFAULTS, **{k: options[k] for k in _DEVICE_DEFAULTS if k in options}}
+    for key in ("warn_on_graph_break", "cache"):
+        if not isinstance(device[key], bool):
+            raise ConfigError(f"modelpar options: {key}={device[key]!r} is not valid; {key} takes "
+                              "True or False")
+    max_plans = device["max_plans"]
+    if isinstance(max_plans, bool) or not isinstance(max_plans, int) or max_plans < 1:
+        raise ConfigError(f"modelpar options: max_plans={max_plans!r} is not valid; max_plans "
+                          "takes an int >= 1")
+    device_map = compiled.device_map
+    if device_map is None:
+        device_map = "cpu"
+    elif isinstance(device_map, list):
+        device_map = ",".join(device_map)
+    _C._device_configure(compiled.strict, device["warn_on_graph_break"], device["cache"],
+                         compiled.devices, device_map, compiled.placer or "", compiled.memory,
+                         max_plans, compiled.pipeline)
+
+
 def set_device_options(*, strict: bool | None = None, warn_on_graph_break: bool | None = None,
                        cache: bool | None = None) -> None:
-    """Sets capture options; ``None`` keeps the current value.
+    """Sets capture options; ``None`` keeps the current value (the other
+    options too; :func:`configure` sets them all).
 
     ``strict``: an op that cannot be captured (nonzero, unique, masked_select,
     ...) raises RuntimeError instead of running eagerly as a graph break.
     ``warn_on_graph_break``: warn once per op name. ``cache``: replay cached
     plans for identical steps.
     """
-    cur = _C._device_options()
-    _C._device_set_options(cur[0] if strict is None else strict,
-                           cur[1] if warn_on_graph_break is None else warn_on_graph_break,
-                           cur[2] if cache is None else cache)
+    cur = device_options()
+    given = {"strict": strict, "warn_on_graph_break": warn_on_graph_break, "cache": cache}
+    cur.update({k: v for k, v in given.items() if v is not None})
+    if cur["pipeline"] is None:
+        del cur["pipeline"]
+    configure(**cur)
 
 
-def device_options() -> dict[str, bool]:
-    strict, warn, cache = _C._device_options()
-    return {"strict": strict, "warn_on_graph_break": warn, "cache": cache}
+def device_options() -> dict[str, Any]:
+    """The device's options, every key of :func:`configure`."""
+    return dict(_C._device_options())
 
 
 def device_plans() -> list[tuple[str, int]]:
     """The cached plans of the modelpar device: (IR text, steps run), in capture order."""
-    return [tuple(p) for p in _C._device_plans()]
+    return [(p[0], p[1]) for p in _C._device_plans()]
+
+
+@dataclass(frozen=True)
+class DevicePlan:
+    """A cached plan of the modelpar device: ``graph`` (IR text), ``runs``
+    (steps that ran it) and ``summary``, the layout of ``torch.compile``'s
+    ``modelpar.plans()`` (with planning options the placement report:
+    devices, simulated step, memory per device); ``print(plan)`` shows it."""
+    graph: str
+    runs: int
+    summary: str
+
+    def __str__(self) -> str:
+        return self.summary
+
+
+def plans() -> list[DevicePlan]:
+    """The cached plans of the modelpar device, in capture order (``print``
+    one for its summary; ``modelpar::plans()`` in C++)."""
+    return [DevicePlan(*p) for p in _C._device_plans()]
+
+
+def last_plan() -> str:
+    """The summary of the plan the last sync ran ("" before the first;
+    ``modelpar::lastPlan()`` in C++)."""
+    return _C._device_last_plan()
 
 
 def clear_device_plans() -> None:

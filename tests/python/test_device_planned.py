@@ -1,0 +1,119 @@
+"""The modelpar device planned: ``modelpar.device.configure(devices=N, ...)``
+checks its options as torch.compile does, places every captured step over N
+CPU worker devices and replays it; eager Python training on it equals the
+CPU; learning-rate schedules and non-capturable Adam replay (the numbers the
+update reads are graph inputs); the plan cache is bounded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import modelpar
+from modelpar import ConfigError
+from test_device_backend import OPTIMIZERS, TOL, Block, _train
+
+
+@pytest.fixture(autouse=True)
+def _default_options():
+    yield
+    modelpar.device.configure()
+
+
+@pytest.mark.parametrize("options, message", [
+    ({"devices": 0}, "devices=0 is not valid; devices takes an int from 1 to 64"),
+    ({"devices": 2, "placer": "m-best"}, "placer='m-best' is not valid; placer takes one of"),
+    ({"placer": "m-etf"}, "placer='m-etf' needs devices > 1"),
+    ({"devices": 2, "device_map": "gpu"}, "device_map='gpu' is not valid"),
+    ({"memory": "lots"}, "memory='lots' is not valid"),
+    ({"devices": 2, "pipeline": {"schedule": "zigzag"}},
+     r"pipeline\['schedule'\]='zigzag' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b\*'"),
+    ({"devices": 2, "pipeline": {}}, "pipeline is not yet supported on the modelpar device"),
+    ({"max_plans": 0}, "max_plans=0 is not valid; max_plans takes an int >= 1"),
+    ({"cache": "yes"}, "cache='yes' is not valid; cache takes True or False"),
+    ({"device": 2}, "unknown key 'device'; valid keys: strict, devices, device_map"),
+])
+def test_configure_refuses_bad_options_as_torch_compile_does(options, message) -> None:
+    modelpar.device.configure(devices=3, max_plans=4)
+    with pytest.raises(ConfigError, match=message):
+        modelpar.device.configure(**options)
+    opts = modelpar.device_options()
+    assert (opts["devices"], opts["max_plans"]) == (3, 4)  # nothing applied
+
+
+def test_configure_takes_torch_compile_values() -> None:
+    modelpar.device.configure(devices=4, placer="m-topo", memory="1GiB", device_map="cpu")
+    opts = modelpar.device_options()
+    assert (opts["devices"], opts["placer"], opts["memory"]) == (4, "m-topo", 2**30)
+    modelpar.set_device_options(strict=True)  # keeps the planning options
+    assert modelpar.device_options()["devices"] == 4 and modelpar.device_options()["strict"]
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_step_placed_on_cpu_workers_trains_like_cpu(name: str, devices: int) -> None:
+    want, cpu_model = _train("cpu", OPTIMIZERS[name], steps=4)
+    modelpar.device.configure(devices=devices, placer="m-etf")
+    modelpar.reset_device_counters()
+    got, dev_model = _train("modelpar", OPTIMIZERS[name], steps=4)
+    # TOL: the same kernels, but each on a one-thread CPU worker, which may
+    # add a reduction's fp32 terms in another order than eager's threads.
+    TOL.assert_close(torch.tensor(got), torch.tensor(want))
+    for (n, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
+        TOL.assert_close(p_dev.cpu(), p_cpu, msg=n)
+    counters = modelpar.device_counters()
+    assert counters["captures"] == (1 if name == "sgd" else 2)
+    assert counters["captures"] + counters["replays"] == 4
+    plan = modelpar.device.plans()[-1]
+    assert f"placer m-etf, {devices} devices" in str(plan)
+    assert f"{devices} cpu-workers" in str(plan)
+    assert str(plan) == modelpar.device.last_plan()
+
+
+def _train_scheduled_adam(device: str, steps: int) -> list[float]:
+    torch.manual_seed(0)
+    model = Block().to(device)
+    modelpar.attach(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)  # step counts are CPU tensors
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(4, 3, 6, 6, generator=g).to(device)
+        y = torch.randint(0, 5, (4,), generator=g).to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_scheduled_non_capturable_adam_replays(devices: int) -> None:
+    steps = 6
+    want = _train_scheduled_adam("cpu", steps)
+    modelpar.device.configure(devices=devices)
+    modelpar.reset_device_counters()
+    got = _train_scheduled_adam("modelpar", steps)
+    # The same Adam arithmetic as the CPU (not capturable on either side);
+    # TOL.after(steps): the reordering error of every step accumulates.
+    TOL.after(steps).assert_close(torch.tensor(got), torch.tensor(want))
+    counters = modelpar.device_counters()
+    assert counters["graph_breaks"] == 0
+    # Adam creates its state in the first step; every later step, with its
+    # own learning rate and bias corrections, replays the second plan.
+    assert counters["captures"] == 2 and counters["replays"] == steps - 2
+    assert ": float input" in modelpar.last_graph()
+
+
+def test_plan_cache_is_bounded_least_recently_used_first() -> None:
+    modelpar.device.configure(max_plans=2)
+    modelpar.clear_device_plans()
+    modelpar.reset_device_counters()
+    for n in (1, 2, 1, 3, 1, 2):  # captures A, B; replays A; C evicts B; A; B evicts C
+        assert (torch.ones(n).to("modelpar") * 2).sum().item() == 2.0 * n
+    counters = modelpar.device_counters()
+    assert (counters["captures"], counters["replays"], counters["evictions"]) == (4, 2, 2)
+    assert len(modelpar.device.plans()) == 2
