@@ -18,6 +18,13 @@
 //   }
 //   modelpar::counters().captures == 1;            // every later step replayed
 //
+// Several devices: torch.compile's planning options (devices, device_map,
+// placer, memory), checked up front:
+//   modelpar::Options opts;
+//   opts.devices = 2;  opts.placer = "m-etf";
+//   modelpar::configure(opts);       // each step placed, run on 2 CPU workers
+//   std::cout << modelpar::lastPlan();
+//
 // This header needs only ATen; it is installed with the library
 // (find_package(modelpar) -> modelpar::modelpar).
 #pragma once

@@ -16,6 +16,11 @@ tensors are recorded too::
         print(loss.item())              # runs the step
     modelpar.device_counters()["captures"]   # 1: later steps were replays
 
+:func:`configure` takes torch.compile's planning options (``devices``,
+``device_map``, ``placer``, ``memory``): with ``devices=N`` every step is
+placed over N CPU worker devices and replayed there; :func:`plans` prints
+each cached plan's summary.
+
 The C++ side lives in libmodelpar.so (backend/), which ``modelpar._C`` loads;
 this module renames PyTorch's PrivateUse1 backend to ``modelpar`` for Python
 and adds the ``Tensor.modelpar()`` family of methods.
