@@ -323,6 +323,7 @@ void Session::sync() {
       }
       plan->runner = std::move(runner);
       plan->index = counters_.captures++;
+      plan->options = nonDefaultOptions(options_);
     }
     ++plan->runs;
     plan->last_used = ++tick_;
@@ -469,8 +470,7 @@ std::string Session::summaryOf(const CachedPlan& p) const {
   std::string out = c10::str("modelpar device plan ", p.index, ": the step captured on the modelpar device\n",
                              "  runs: ", p.runs, " step", p.runs == 1 ? "" : "s", " (", p.runs - 1,
                              " replayed)\n");
-  const std::string opts = nonDefaultOptions(options_);
-  if (!opts.empty()) out += c10::str("  options: ", opts, "\n");
+  if (!p.options.empty()) out += c10::str("  options: ", p.options, "\n");
   out += c10::str("  graph      inputs params buffers  nodes values  runs on\n", "  step       ",
                   right(static_cast<int64_t>(g.inputs().size()), 6), " ", right(params, 6), " ",
                   right(buffers, 7), " ", right(static_cast<int64_t>(g.numNodes()), 6), " ",

@@ -84,6 +84,7 @@ struct CachedPlan {
   int64_t index = 0;      // captures before this one (its number in summaries)
   int64_t runs = 0;
   uint64_t last_used = 0;  // sync tick of its last run (LRU eviction)
+  std::string options;     // the options it was planned with (nonDefaultOptions)
 };
 
 /// One cached plan for people: graph text, runs and summary (modelpar::PlanInfo).
