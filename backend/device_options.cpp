@@ -61,6 +61,10 @@ void checkPipeline(const PipelineOptions& p) {
   MP_RT_CHECK(p.partition != "madpipe" || p.schedule == "1f1b*", ConfigError,
               "modelpar options: pipeline['partition']='madpipe' is not valid; partition takes "
               "'madpipe' only with schedule '1f1b*' (MadPipe's schedule for the stages it makes)");
+  for (const std::string& name : p.batched_inputs) {
+    MP_RT_CHECK(!name.empty(), ConfigError, "modelpar options: pipeline['batched_inputs'] has an "
+                "empty name; batched_inputs takes the names of the step's inputs");
+  }
 }
 #endif
 
@@ -86,15 +90,9 @@ void checkOptions(const Options& o) {
               "or a size such as \"16GiB\" (at most 2**63 - 1 bytes)");
   MP_RT_CHECK(o.max_plans >= 1, ConfigError, "modelpar options: max_plans=", o.max_plans,
               " is not valid; max_plans takes an int >= 1");
-  if (o.pipeline) {
 #ifdef MODELPAR_BACKEND_HAS_PASSES
-    checkPipeline(*o.pipeline);
+  if (o.pipeline) checkPipeline(*o.pipeline);
 #endif
-    MP_RT_THROW(ConfigError, "modelpar options: pipeline is not yet supported on the modelpar "
-                "device (issue 15: micro-batching a captured step needs its batch dimension made "
-                "symbolic); today the device places steps over devices=N. Leave pipeline unset, "
-                "or pipeline with torch.compile(..., backend='modelpar', options={'pipeline': ...})");
-  }
 }
 
 bool planned(const Options& o) {
@@ -103,7 +101,15 @@ bool planned(const Options& o) {
 
 bool samePlanning(const Options& a, const Options& b) {
   return a.devices == b.devices && a.device_map == b.device_map && a.placer == b.placer &&
-         a.memory == b.memory && a.pipeline.has_value() == b.pipeline.has_value();
+         a.memory == b.memory && a.pipeline.has_value() == b.pipeline.has_value() &&
+         (!a.pipeline ||
+          (a.pipeline->microbatches == b.pipeline->microbatches &&
+           a.pipeline->schedule == b.pipeline->schedule && a.pipeline->partition == b.pipeline->partition &&
+           a.pipeline->checkpoint == b.pipeline->checkpoint && a.pipeline->portals == b.pipeline->portals &&
+           a.pipeline->batch_norm == b.pipeline->batch_norm &&
+           a.pipeline->allow_random == b.pipeline->allow_random &&
+           a.pipeline->loss_reduction == b.pipeline->loss_reduction &&
+           a.pipeline->batched_inputs == b.pipeline->batched_inputs));
 }
 
 std::string nonDefaultOptions(const Options& o) {
@@ -115,6 +121,16 @@ std::string nonDefaultOptions(const Options& o) {
   if (o.device_map != d.device_map) parts.push_back(c10::str("device_map='", o.device_map, "'"));
   if (o.placer != d.placer) parts.push_back(c10::str("placer='", o.placer, "'"));
   if (o.memory) parts.push_back(c10::str("memory=", *o.memory));
+  if (o.pipeline) {
+    const PipelineOptions& p = *o.pipeline;
+    std::string batched;
+    for (const std::string& n : p.batched_inputs) batched += c10::str(batched.empty() ? "" : ", ", "'", n, "'");
+    parts.push_back(c10::str("pipeline={'microbatches': ", p.microbatches, ", 'schedule': '", p.schedule,
+                             "', 'partition': '", p.partition, "', 'checkpoint': '", p.checkpoint,
+                             "', 'batch_norm': '", p.batch_norm, "'",
+                             p.batched_inputs.empty() ? "" : c10::str(", 'batched_inputs': [", batched, "]"),
+                             "}"));
+  }
   if (o.max_plans != d.max_plans) parts.push_back(c10::str("max_plans=", o.max_plans));
   std::string out;
   for (const std::string& p : parts) out += (out.empty() ? "" : ", ") + p;

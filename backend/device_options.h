@@ -13,13 +13,13 @@ namespace modelpar::backend {
 /// Throws ConfigError naming the first bad option and its valid values:
 /// devices outside 1..64, an unknown device_map or placer, a placer with one
 /// device, a device_map list whose length is not devices, a CUDA map without
-/// CUDA devices, memory <= 0, max_plans < 1, a bad pipeline value, and a
-/// pipeline at all (not built on the device yet). Without passes/ in the
-/// build every planning option is refused.
+/// CUDA devices, memory <= 0, max_plans < 1, a bad pipeline value. Without
+/// passes/ in the build every planning option is refused.
 void checkOptions(const Options& o);
 
 /// True when steps are planned by passes/ and run on the Executor (devices
-/// > 1, memory set, a CUDA device_map), false for the one-device interpreter.
+/// > 1, memory set, a pipeline, a CUDA device_map), false for the one-device
+/// interpreter.
 bool planned(const Options& o);
 
 /// True when `a` and `b` plan a step the same way (cached plans stay valid).

@@ -478,8 +478,9 @@ std::string Session::summaryOf(const CachedPlan& p) const {
   if (!r.placementSummary().empty()) {
     char us[32];
     std::snprintf(us, sizeof us, "%.1f", r.simulatedStepUs());
-    out += c10::str("  simulated step (forward, backward and update placed as one): ", us,
-                    " us\n  [step]\n");
+    out += c10::str("  simulated step (forward, backward and update ",
+                    r.pipelined() ? "pipelined" : "placed as one", "): ", us, " us\n  [",
+                    r.pipelined() ? "pipeline" : "step", "]\n");
     size_t begin = 0;
     const std::string& text = r.placementSummary();
     while (begin < text.size()) {

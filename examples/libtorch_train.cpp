@@ -8,7 +8,9 @@
 //   3. Adam with a step learning-rate schedule on 2 devices: the learning
 //      rate and Adam's bias corrections change every step, yet they are graph
 //      inputs (Note [Per-step scalars are inputs]), so the loop captures 2
-//      plans (Adam creates its state in the first step) and replays them.
+//      plans (Adam creates its state in the first step) and replays them;
+//   4. a 2-stage 1F1B pipeline of 3 micro-batches (the model without its
+//      batch norm), the batch dimension found by the device.
 // It prints the placement summary of the last plan (modelpar::lastPlan()).
 //
 // Build in the tree (target libtorch_train), or as a standalone project:
@@ -26,17 +28,24 @@
 
 namespace {
 
+/// With batch_norm off, the batch-norm layers are left out: a pipeline
+/// normalises each micro-batch with its own statistics (deferred batch norm,
+/// as torchgpipe), so only a model without batch norm can equal eager there.
 struct NetImpl : torch::nn::Module {
-  NetImpl() {
+  explicit NetImpl(bool batch_norm = true) {
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 8, 3).padding(1)));
-    bn1 = register_module("bn1", torch::nn::BatchNorm2d(8));
     conv2 = register_module("conv2", torch::nn::Conv2d(torch::nn::Conv2dOptions(8, 8, 3).padding(1)));
-    bn2 = register_module("bn2", torch::nn::BatchNorm2d(8));
+    if (batch_norm) {
+      bn1 = register_module("bn1", torch::nn::BatchNorm2d(8));
+      bn2 = register_module("bn2", torch::nn::BatchNorm2d(8));
+    }
     fc = register_module("fc", torch::nn::Linear(8 * 8 * 8, 10));
   }
   torch::Tensor forward(const torch::Tensor& x) {
-    torch::Tensor h = torch::relu(bn1(conv1(x)));
-    h = torch::relu(h + bn2(conv2(h)));  // residual block
+    torch::Tensor h = conv1(x);
+    h = torch::relu(bn1 ? bn1(h) : h);
+    torch::Tensor r = conv2(h);
+    h = torch::relu(h + (bn2 ? bn2(r) : r));  // residual block
     return fc(h.flatten(1));
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr};
@@ -47,9 +56,14 @@ TORCH_MODULE(Net);
 
 enum class Optim { Sgd, AdamWithSchedule };
 
-std::vector<float> train(const torch::Device& device, int steps, Optim kind) {
+// 6: the pipeline finds the batch dimension by its size, which must differ
+// from every other size of the model (3, 8, 10, 512) and exceed the rank of
+// its tensors (4).
+constexpr int64_t kBatch = 6;
+
+std::vector<float> train(const torch::Device& device, int steps, Optim kind, bool batch_norm) {
   torch::manual_seed(0);
-  Net net;
+  Net net(batch_norm);
   net->to(device);
   modelpar::attach(*net);  // names parameters: layers conv1, bn1, ... in the IR
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -64,8 +78,8 @@ std::vector<float> train(const torch::Device& device, int steps, Optim kind) {
   std::vector<float> losses;
   for (int step = 0; step < steps; ++step) {
     torch::manual_seed(1000 + step);  // the same batches on both devices
-    torch::Tensor x = torch::randn({4, 3, 8, 8}).to(device);
-    torch::Tensor y = torch::randint(0, 10, {4}).to(device);
+    torch::Tensor x = torch::randn({kBatch, 3, 8, 8}).to(device);
+    torch::Tensor y = torch::randint(0, 10, {kBatch}).to(device);
     optimizer->zero_grad();
     torch::Tensor loss = torch::nn::functional::cross_entropy(net->forward(x), y);
     loss.backward();
@@ -80,6 +94,7 @@ struct Run {
   std::string name;
   int devices;
   Optim optim;
+  bool pipeline;  // a 2-stage 1F1B pipeline of 3 micro-batches instead of placement
   int64_t max_captures;
   // Relative tolerance on each loss. One device runs the kernels eager CPU
   // runs, on the calling thread: equal up to 1e-5. CPU workers run each op
@@ -97,21 +112,30 @@ int main() {
   constexpr int kSteps = 20;
   const double kReordered = 2 * 4 * std::sqrt(512.0) * std::ldexp(1.0, -24) * 6 * kSteps;
   const std::vector<Run> runs = {
-      {"1 device, SGD", 1, Optim::Sgd, 1, 1e-5},
-      {"2 CPU workers (m-etf), SGD", 2, Optim::Sgd, 1, kReordered},
-      {"4 CPU workers (m-etf), SGD", 4, Optim::Sgd, 1, kReordered},
-      {"2 CPU workers (m-etf), Adam + StepLR", 2, Optim::AdamWithSchedule, 2, kReordered},
+      {"1 device, SGD", 1, Optim::Sgd, false, 1, 1e-5},
+      {"2 CPU workers (m-etf), SGD", 2, Optim::Sgd, false, 1, kReordered},
+      {"4 CPU workers (m-etf), SGD", 4, Optim::Sgd, false, 1, kReordered},
+      {"2 CPU workers (m-etf), Adam + StepLR", 2, Optim::AdamWithSchedule, false, 2, kReordered},
+      // Micro-batches add each weight gradient up in 3 parts: the same
+      // reordering bound.
+      {"2-stage 1F1B pipeline (3 micro-batches), SGD, no batch norm", 2, Optim::Sgd, true, 1, kReordered},
   };
   bool ok = true;
   for (const Run& run : runs) {
     modelpar::Options opts;
     opts.devices = run.devices;
-    if (run.devices > 1) opts.placer = "m-etf";
+    if (run.pipeline) {
+      opts.pipeline = modelpar::PipelineOptions{};
+      opts.pipeline->microbatches = 3;
+      opts.pipeline->schedule = "1f1b";
+    } else if (run.devices > 1) {
+      opts.placer = "m-etf";
+    }
     modelpar::configure(opts);  // a new planning option drops cached plans
     modelpar::resetCounters();
-    const std::vector<float> captured = train(modelpar::device(), kSteps, run.optim);
+    const std::vector<float> captured = train(modelpar::device(), kSteps, run.optim, !run.pipeline);
     const modelpar::Counters counters = modelpar::counters();
-    const std::vector<float> eager = train(torch::kCPU, kSteps, run.optim);
+    const std::vector<float> eager = train(torch::kCPU, kSteps, run.optim, !run.pipeline);
 
     std::printf("== %s\nstep  modelpar      eager\n", run.name.c_str());
     bool same_all = true;
@@ -130,8 +154,9 @@ int main() {
                   static_cast<long long>(run.max_captures));
       same_all = false;
     }
-    if (run.devices > 1 && modelpar::lastPlan().find(std::to_string(run.devices) + " devices") ==
-                               std::string::npos) {
+    const std::string placed = run.pipeline ? "2 stages on 2 devices, 3 micro-batches of 2, schedule 1f1b"
+                                            : std::to_string(run.devices) + " devices";
+    if (run.devices > 1 && modelpar::lastPlan().find(placed) == std::string::npos) {
       std::printf("the last plan is not placed on %d devices:\n%s", run.devices,
                   modelpar::lastPlan().c_str());
       same_all = false;

@@ -2,10 +2,12 @@
 // counters, cached plans, tensor names and layer scopes. Registered from
 // module.cpp; the functions are private (`_C._device_*`) and wrapped by
 // modelpar/device.py.
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backend/session.h"
 #include "ir/error.h"
@@ -84,6 +86,9 @@ void bindBackend(py::module_& m) {
             po.batch_norm = p["batch_norm"].cast<std::string>();
             po.allow_random = p["allow_random"].cast<bool>();
             po.loss_reduction = p["loss_reduction"].cast<std::string>();
+            if (p.contains("batched_inputs")) {
+              po.batched_inputs = p["batched_inputs"].cast<std::vector<std::string>>();
+            }
             o.pipeline = po;
           }
           configure(o);

@@ -48,9 +48,11 @@ c10::Device device();
 void sync();
 
 /// The pipeline option: torch.compile's `pipeline` dict, the same names,
-/// values and defaults (passes/option_names.h holds the valid values).
-/// Accepted and checked; running a pipelined step on the device is not built
-/// yet, so configure() refuses it with a ConfigError saying so.
+/// values and defaults (passes/option_names.h holds the valid values), plus
+/// batched_inputs. Each captured step is micro-batched, cut into stages over
+/// Options::devices, scheduled and checkpointed (passes' planPipeline); the
+/// batch dimension is found by size (backend/symbolic_batch.h), and the first
+/// run of each plan is checked against the unpipelined step.
 struct PipelineOptions {
   int microbatches = 4;                    // >= 1
   std::string schedule = "gpipe";          // "gpipe", "1f1b", "1f1b*"
@@ -60,6 +62,11 @@ struct PipelineOptions {
   std::string batch_norm = "deferred";     // "refuse", "deferred"
   bool allow_random = false;
   std::string loss_reduction = "auto";     // "auto", "mean", "sum"
+  /// Names of the step's inputs whose dimension 0 is the batch (as in
+  /// lastGraph(); modelpar::nameTensor names them). Empty: every data input
+  /// whose leading size is the one they all share (a ConfigError at the sync
+  /// when they differ).
+  std::vector<std::string> batched_inputs;
 };
 
 /// How the device captures and runs steps. The planning options have
@@ -89,7 +96,7 @@ struct Options {
   /// throws modelpar::PlanDoesNotFitError naming layer, device and bytes.
   /// Setting it plans the step even on one device.
   std::optional<int64_t> memory;
-  /// Pipeline parallelism (see PipelineOptions): not built on the device yet.
+  /// Pipeline parallelism (see PipelineOptions) instead of placement.
   std::optional<PipelineOptions> pipeline;
   /// Cached plans kept (>= 1); the least recently used one is dropped when a
   /// new capture would exceed it (Counters::evictions).

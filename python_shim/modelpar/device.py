@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -86,8 +87,13 @@ def configure(**options: Any) -> None:
     ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"``); ``placer``
     (``"m-topo"``, ``"m-etf"``, ``"m-sct"``; None: m-etf; needs devices > 1);
     ``memory`` (bytes per device, int or ``"16GiB"``: the plan must fit;
-    plans even on one device); ``pipeline`` (checked like torch.compile's,
-    then refused: not built on the device yet); ``strict``.
+    plans even on one device); ``pipeline`` (torch.compile's dict:
+    ``microbatches``, ``schedule``, ``partition``, ``checkpoint``,
+    ``portals``, ``batch_norm``, ``allow_random``, ``loss_reduction``, plus
+    ``batched_inputs``: the names of the inputs whose dim 0 is the batch;
+    by default every data input whose leading size they all share): each
+    step is micro-batched, cut into stages over ``devices`` and scheduled,
+    and its first run is checked against the unpipelined step; ``strict``.
     Device keys: ``warn_on_graph_break`` (True), ``cache`` (True: replay
     identical steps), ``max_plans`` (8: cached plans kept, least recently used
     dropped first, counted as ``evictions``).
@@ -105,7 +111,18 @@ def configure(**options: Any) -> None:
     if unknown:
         raise ConfigError(f"modelpar options: unknown key{'s' if len(unknown) > 1 else ''} "
                           f"{', '.join(unknown)}; valid keys: {', '.join(CONFIGURE_KEYS)}")
-    compiled = resolve_options({k: options[k] for k in _COMPILE_KEYS if k in options})
+    shared = {k: options[k] for k in _COMPILE_KEYS if k in options}
+    batched_inputs: list[str] = []
+    if isinstance(shared.get("pipeline"), Mapping) and "batched_inputs" in shared["pipeline"]:
+        pipeline = dict(shared["pipeline"])
+        batched = pipeline.pop("batched_inputs")
+        if (isinstance(batched, str) or not isinstance(batched, Sequence)
+                or not all(isinstance(n, str) and n for n in batched)):
+            raise ConfigError(f"modelpar options: pipeline['batched_inputs']={batched!r} is not "
+                              "valid; batched_inputs takes a list of input names")
+        batched_inputs = list(batched)
+        shared["pipeline"] = pipeline
+    compiled = resolve_options(shared)
     device = {**_DEVICE_DEFAULTS, **{k: options[k] for k in _DEVICE_DEFAULTS if k in options}}
     for key in ("warn_on_graph_break", "cache"):
         if not isinstance(device[key], bool):
@@ -120,9 +137,12 @@ def configure(**options: Any) -> None:
         device_map = "cpu"
     elif isinstance(device_map, list):
         device_map = ",".join(device_map)
+    pipeline = compiled.pipeline
+    if pipeline is not None:
+        pipeline = {**pipeline, "batched_inputs": batched_inputs}
     _C._device_configure(compiled.strict, device["warn_on_graph_break"], device["cache"],
                          compiled.devices, device_map, compiled.placer or "", compiled.memory,
-                         max_plans, compiled.pipeline)
+                         max_plans, pipeline)
 
 
 def set_device_options(*, strict: bool | None = None, warn_on_graph_break: bool | None = None,

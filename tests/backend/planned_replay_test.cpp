@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -59,8 +60,10 @@ std::vector<BadOptions> badOptions() {
       "schedule='zigzag' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b*'");
   add("renamed partition", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->partition = "pipedream"; },
       "partition='pipedream' is now called 'balance-time-comm'");
-  add("pipeline", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; },
-      "pipeline is not yet supported on the modelpar device");
+  add("madpipe without 1f1b*", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->partition = "madpipe"; },
+      "'madpipe' only with schedule '1f1b*'");
+  add("no micro-batches", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->microbatches = 0; },
+      "pipeline['microbatches']=0 is not valid");
   return cases;
 }
 
@@ -204,6 +207,109 @@ TEST(BackendPlannedReplay, StepThatDoesNotFitRaisesAndCachesNothing) {
   o.memory.reset();
   modelpar::configure(o);
   EXPECT_EQ(w.mm(w).sum().item<float>(), 32.0f * 32 * 32);
+}
+
+/// One SGD step of the MLP with a sum-of-squares loss; returns the loss.
+float sgdStep(torch::Tensor& w1, torch::Tensor& w2, const torch::Tensor& x, const torch::Tensor& y) {
+  w1.mutable_grad().reset();
+  w2.mutable_grad().reset();
+  torch::Tensor loss = (mlp(x, w1, w2) - y).pow(2).sum();
+  loss.backward();
+  {
+    torch::NoGradGuard no_grad;
+    w1.sub_(w1.grad() * 0.05);
+    w2.sub_(w2.grad() * 0.05);
+  }
+  return loss.item<float>();
+}
+
+TEST(BackendPlannedReplay, PipelinedStepEqualsEagerForEverySchedule) {
+  DefaultOptionsAfter restore;
+  for (const char* schedule : {"gpipe", "1f1b", "1f1b*"}) {
+    modelpar::Options o;
+    o.devices = 2;
+    o.pipeline = modelpar::PipelineOptions{};
+    o.pipeline->microbatches = 3;
+    o.pipeline->schedule = schedule;
+    modelpar::configure(o);
+    modelpar::resetCounters();
+    torch::manual_seed(0);
+    torch::Tensor w1 = (torch::randn({16, 32}) / 4).requires_grad_();
+    torch::Tensor w2 = (torch::randn({32, 8}) / 6).requires_grad_();
+    torch::Tensor d1 = dev(w1.detach()).requires_grad_(), d2 = dev(w2.detach()).requires_grad_();
+    // Layers (fc1, fc2) from the parameters' names: a pipeline cuts between them.
+    modelpar::nameTensor(d1, "fc1.weight", modelpar::TensorRole::Parameter);
+    modelpar::nameTensor(d2, "fc2.weight", modelpar::TensorRole::Parameter);
+    for (int step = 0; step < 3; ++step) {
+      const torch::Tensor x = torch::randn({10, 16}), y = torch::randn({10, 8});
+      const float want = sgdStep(w1, w2, x, y);
+      const float got = sgdStep(d1, d2, dev(x), dev(y));
+      // Micro-batches of 4, 4, 2 add the weight gradients up in three parts:
+      // another fp32 order (tests/python/tolerances.py: 2 * 4 * sqrt(32) *
+      // 2^-24 per reduction, a few in sequence, over 3 steps: about 1e-5).
+      EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << schedule << " step " << step;
+    }
+    EXPECT_TRUE(torch::allclose(d1.detach().cpu(), w1.detach(), 1e-5, 1e-6)) << schedule;
+    EXPECT_EQ(modelpar::counters().captures, 1) << schedule;
+    const std::string summary = modelpar::lastPlan();
+    EXPECT_NE(summary.find(std::string("3 micro-batches of 4, schedule ") + schedule), std::string::npos)
+        << summary;
+    EXPECT_NE(summary.find("batch 10 (inputs %x, %x_1; dimension 0)"), std::string::npos) << summary;
+  }
+}
+
+TEST(BackendPlannedReplay, PipelineRefusesAStepThatComputesANumberFromTheBatchSize) {
+  DefaultOptionsAfter restore;
+  modelpar::Options o;
+  o.devices = 2;
+  o.pipeline = modelpar::PipelineOptions{};
+  o.pipeline->microbatches = 2;
+  modelpar::configure(o);
+  modelpar::resetCounters();
+  torch::manual_seed(0);
+  torch::Tensor w1 = dev(torch::randn({16, 32})).requires_grad_();
+  torch::Tensor w2 = dev(torch::randn({32, 8})).requires_grad_();
+  modelpar::nameTensor(w1, "fc1.weight", modelpar::TensorRole::Parameter);
+  modelpar::nameTensor(w2, "fc2.weight", modelpar::TensorRole::Parameter);
+  // mean()'s backward divides by the element count, 10 * 8, a constant that
+  // stays 80 in every micro-batch: the first run's check catches it.
+  mlp(dev(torch::randn({10, 16})), w1, w2).mean().backward();
+  try {
+    modelpar::sync();
+    ADD_FAILURE() << "no error";
+  } catch (const modelpar::UnsupportedOpError& e) {
+    EXPECT_NE(std::string(e.what()).find("the micro-batched step differs from the captured step"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(w1.grad().defined() && w1.grad().cpu().abs().sum().item<float>() != 0);  // nothing applied
+}
+
+TEST(BackendPlannedReplay, PipelineAsksWhichInputsAreBatchedWhenTheyDisagree) {
+  DefaultOptionsAfter restore;
+  modelpar::Options o;
+  o.devices = 2;
+  o.pipeline = modelpar::PipelineOptions{};
+  modelpar::configure(o);
+  const torch::Tensor a = dev(torch::ones({10, 16})), b = dev(torch::ones({12, 16}));
+  EXPECT_THROW((a.sum() + b.sum()).item<float>(), modelpar::ConfigError);
+  torch::manual_seed(0);
+  torch::Tensor w1 = dev(torch::randn({16, 32})).requires_grad_();
+  torch::Tensor w2 = dev(torch::randn({32, 8})).requires_grad_();
+  modelpar::nameTensor(w1, "fc1.weight", modelpar::TensorRole::Parameter);
+  modelpar::nameTensor(w2, "fc2.weight", modelpar::TensorRole::Parameter);
+  const torch::Tensor x = dev(torch::randn({12, 16})), y = dev(torch::randn({12, 8}));
+  const torch::Tensor mask = dev(torch::ones({2, 8}));  // leading size 2: not the batch
+  modelpar::nameTensor(x, "images", modelpar::TensorRole::Input);
+  modelpar::nameTensor(y, "labels", modelpar::TensorRole::Input);
+  o.pipeline->batched_inputs = {"images", "labels"};
+  o.pipeline->microbatches = 2;
+  modelpar::configure(o);
+  torch::Tensor loss = (mlp(x, w1, w2) * mask.mean() - y).pow(2).sum();
+  loss.backward();
+  EXPECT_TRUE(std::isfinite(loss.item<float>()));
+  EXPECT_NE(modelpar::lastPlan().find("batch 12 (inputs %images, %labels; dimension 0)"), std::string::npos)
+      << modelpar::lastPlan();
 }
 
 }  // namespace

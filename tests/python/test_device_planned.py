@@ -12,6 +12,7 @@ import torch
 import modelpar
 from modelpar import ConfigError
 from test_device_backend import OPTIMIZERS, TOL, Block, _train
+from tolerances import Reordered
 
 
 @pytest.fixture(autouse=True)
@@ -28,7 +29,9 @@ def _default_options():
     ({"memory": "lots"}, "memory='lots' is not valid"),
     ({"devices": 2, "pipeline": {"schedule": "zigzag"}},
      r"pipeline\['schedule'\]='zigzag' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b\*'"),
-    ({"devices": 2, "pipeline": {}}, "pipeline is not yet supported on the modelpar device"),
+    ({"devices": 2, "pipeline": {"partition": "madpipe"}}, "'madpipe' only with schedule '1f1b\\*'"),
+    ({"devices": 2, "pipeline": {"batched_inputs": "x"}},
+     r"pipeline\['batched_inputs'\]='x' is not valid; batched_inputs takes a list of input names"),
     ({"max_plans": 0}, "max_plans=0 is not valid; max_plans takes an int >= 1"),
     ({"cache": "yes"}, "cache='yes' is not valid; cache takes True or False"),
     ({"device": 2}, "unknown key 'device'; valid keys: strict, devices, device_map"),
@@ -117,3 +120,62 @@ def test_plan_cache_is_bounded_least_recently_used_first() -> None:
     counters = modelpar.device_counters()
     assert (counters["captures"], counters["replays"], counters["evictions"]) == (4, 2, 2)
     assert len(modelpar.device.plans()) == 2
+
+
+class Convs(torch.nn.Module):
+    """Two convolutions and a linear layer, no batch norm (a pipeline
+    normalises each micro-batch on its own, so batch norm would differ)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(4, 4, 3, padding=1)
+        self.fc = torch.nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.conv1(x))
+        return self.fc(torch.relu(self.conv2(h)).flatten(1))
+
+
+def _train_convs(device: str, steps: int, batch: int = 10) -> tuple[list[float], torch.nn.Module]:
+    torch.manual_seed(0)
+    model = Convs().to(device)
+    modelpar.attach(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    for step in range(steps):
+        g = torch.Generator().manual_seed(100 + step)
+        x = torch.randn(batch, 3, 6, 6, generator=g).to(device)
+        y = torch.randint(0, 5, (batch,), generator=g).to(device)
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses, model
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "1f1b*"])
+def test_eager_python_pipelined_on_the_device_trains_like_cpu(schedule: str) -> None:
+    steps = 4
+    want, cpu_model = _train_convs("cpu", steps)
+    modelpar.device.configure(devices=2, pipeline={"microbatches": 3, "schedule": schedule})
+    modelpar.reset_device_counters()
+    got, dev_model = _train_convs("modelpar", steps)
+    # Micro-batches of 4, 4, 2 add every weight gradient up in three parts
+    # (another fp32 order); the longest sum is fc's 144 inputs.
+    tol = Reordered(144, depth=6, steps=steps)
+    tol.assert_close(torch.tensor(got), torch.tensor(want))
+    for (n, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
+        tol.assert_close(p_dev.cpu(), p_cpu, msg=n)
+    counters = modelpar.device_counters()
+    assert counters["captures"] == 2 and counters["replays"] == steps - 2  # momentum buffers
+    summary = str(modelpar.device.plans()[-1])
+    assert f"2 stages on 2 devices, 3 micro-batches of 4, schedule {schedule}" in summary
+    assert "batch 10 (inputs %x, %x_1; dimension 0)" in summary
+
+
+def test_pipeline_says_when_it_cannot_find_the_batch() -> None:
+    modelpar.device.configure(devices=2, pipeline={"microbatches": 2})
+    with pytest.raises(RuntimeError, match=r"f32\[6, 4, 6, 6\] has the batch size 6 in 3 dimensions"):
+        _train_convs("modelpar", 1, batch=6)  # 6 is also the image size
