@@ -19,7 +19,7 @@
 //   modelpar::counters().captures == 1;            // every later step replayed
 //
 // Several devices: torch.compile's planning options (devices, device_map,
-// placer, memory), checked up front:
+// placer, memory, pipeline), checked up front:
 //   modelpar::Options opts;
 //   opts.devices = 2;  opts.placer = "m-etf";
 //   modelpar::configure(opts);       // each step placed, run on 2 CPU workers
