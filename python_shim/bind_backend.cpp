@@ -56,7 +56,22 @@ void bindBackend(py::module_& m) {
     d["device_map"] = o.device_map;
     d["placer"] = o.placer.empty() ? py::object(py::none()) : py::object(py::str(o.placer));
     d["memory"] = o.memory ? py::object(py::int_(*o.memory)) : py::object(py::none());
-    d["pipeline"] = py::none();
+    if (o.pipeline) {
+      const PipelineOptions& p = *o.pipeline;
+      py::dict pd;
+      pd["microbatches"] = p.microbatches;
+      pd["schedule"] = p.schedule;
+      pd["partition"] = p.partition;
+      pd["checkpoint"] = p.checkpoint;
+      pd["portals"] = p.portals;
+      pd["batch_norm"] = p.batch_norm;
+      pd["allow_random"] = p.allow_random;
+      pd["loss_reduction"] = p.loss_reduction;
+      pd["batched_inputs"] = p.batched_inputs;
+      d["pipeline"] = pd;
+    } else {
+      d["pipeline"] = py::none();
+    }
     d["max_plans"] = o.max_plans;
     return d;
   });

@@ -50,6 +50,11 @@ def test_configure_takes_torch_compile_values() -> None:
     assert (opts["devices"], opts["placer"], opts["memory"]) == (4, "m-topo", 2**30)
     modelpar.set_device_options(strict=True)  # keeps the planning options
     assert modelpar.device_options()["devices"] == 4 and modelpar.device_options()["strict"]
+    modelpar.device.configure(devices=2, pipeline={"schedule": "1f1b", "batched_inputs": ["images"]})
+    modelpar.set_device_options(warn_on_graph_break=False)
+    pipeline = modelpar.device_options()["pipeline"]
+    assert (pipeline["schedule"], pipeline["microbatches"], pipeline["batched_inputs"]) == \
+        ("1f1b", 4, ["images"])
 
 
 @pytest.mark.parametrize("devices", [2, 4])
