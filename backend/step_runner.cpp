@@ -1,5 +1,5 @@
-// A captured step on the interpreter or on a placed plan's Executor
-// (step_runner.h).
+// A captured step on the interpreter or on a placed or pipelined plan's
+// Executor (step_runner.h).
 #include "backend/step_runner.h"
 
 #include <algorithm>
@@ -20,7 +20,8 @@ namespace modelpar::backend {
 namespace {
 
 /// The largest difference between a pipelined and an unpipelined output,
-/// relative to the largest element of the unpipelined one (1 when that is 0).
+/// relative to the largest element of the unpipelined one (infinite for
+/// another shape or dtype, or unequal integer tensors).
 double relativeDifference(const at::Tensor& got, const at::Tensor& want) {
   if (!got.sizes().equals(want.sizes()) || got.scalar_type() != want.scalar_type()) return INFINITY;
   if (want.numel() == 0) return 0;
