@@ -47,6 +47,7 @@ import torch
 import torch.fx
 
 from . import _C
+from .cpu_profile import machine_for
 from .errors import InvalidIrError, UnsupportedOpError
 from .fx_import import (GraphKind, InputRole, UnsupportedGraph, import_graph, source_name,
                          symbol_sizes)
@@ -381,6 +382,7 @@ class _Capture:
         joint, fw_plan, bw_plan, moved_layer, moved_param = plan_joint(
             fw_graph, bw_graph, saved, tangents, gradients, devices=self.opts.devices,
             memory=self.opts.memory, placer=self.opts.placer or "m-etf",
+            machine=machine_for(self.opts.executor_device_map),
             dump_dir=self.opts.dump_dir or "",
             # Costs and memory at this call's sizes, not at 1 per symbol.
             symbol_sizes=symbol_sizes(fw_module, bw_module))
@@ -449,6 +451,7 @@ class _Capture:
             pinned = self.layer_device if kind is GraphKind.BACKWARD else None
             placement = plan_graph(graph, devices=self.opts.devices,
                                    memory=self.opts.memory,
+                                   machine=machine_for(self.opts.executor_device_map),
                                    placer=self.opts.placer or "m-etf",
                                    dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:

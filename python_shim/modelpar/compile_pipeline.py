@@ -56,6 +56,7 @@ import torch
 import torch.fx
 
 from . import _C
+from .cpu_profile import machine_for
 from .errors import ConfigError
 from .options import CompileOptions, pipeline_options
 
@@ -224,7 +225,9 @@ class PipelineStep:
                              microbatches=min(o["microbatches"], batch), batch_size=batch,
                              schedule=o["schedule"], partition=o["partition"],
                              checkpoint=o["checkpoint"], portals=o["portals"],
-                             memory=self.opts.memory, loss_reduction=o["loss_reduction"],
+                             memory=self.opts.memory,
+                             machine=machine_for(self.opts.executor_device_map),
+                             loss_reduction=o["loss_reduction"],
                              allow_random=o["allow_random"], batch_norm=o["batch_norm"],
                              trace=_simulated_trace(self.opts.trace))
         if self.mode == "split":
