@@ -75,7 +75,7 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     opts = resolve_options(options, mode)
     roles = _dynamo_inputs(gm, example_inputs)
-    if opts.pipeline is not None:
+    if opts.whole_step:
         _retrace_with_a_symbolic_batch(gm, example_inputs, roles)
     plan = new_plan(*_user_code(gm), opts)
     capture = _Capture(plan, opts, roles)
@@ -84,7 +84,7 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         fw_module, bw_module = partitioner(joint_module, joint_inputs, **kwargs)
-        if opts.pipeline is not None:
+        if opts.whole_step:
             capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"), pipeline=True)
         elif opts.planned:
             capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"))
@@ -297,7 +297,7 @@ class _Capture:
                                     self.layer_of_seq)
             graph = parse_graph(imported.text)
             placement = None
-            if self.opts.pipeline is not None:
+            if self.opts.whole_step:
                 compiled = self.pipelined(gm, graph, kind, imported)
             elif self.opts.planned:
                 placement, compiled = self.place(graph, kind, imported)

@@ -221,15 +221,22 @@ class PipelineStep:
         from .pipeline_passes import plan_pipeline
         o = self.options
         start = time.perf_counter()
-        plan = plan_pipeline(self.graph, devices=self.opts.devices,
-                             microbatches=min(o["microbatches"], batch), batch_size=batch,
-                             schedule=o["schedule"], partition=o["partition"],
-                             checkpoint=o["checkpoint"], portals=o["portals"],
-                             memory=self.opts.memory,
-                             machine=machine_for(self.opts.executor_device_map),
-                             loss_reduction=o["loss_reduction"],
-                             allow_random=o["allow_random"], batch_norm=o["batch_norm"],
-                             trace=_simulated_trace(self.opts.trace))
+        machine = machine_for(self.opts.executor_device_map)
+        search = None
+        if self.opts.strategy == "auto":
+            search = self._search(batch, machine)
+            plan = search.pipeline if search.pipeline is not None else search.placement
+            if self.opts.trace is not None:
+                plan.write_trace(_simulated_trace(self.opts.trace))
+        else:
+            plan = plan_pipeline(self.graph, devices=self.opts.devices,
+                                 microbatches=min(o["microbatches"], batch), batch_size=batch,
+                                 schedule=o["schedule"], partition=o["partition"],
+                                 checkpoint=o["checkpoint"], portals=o["portals"],
+                                 memory=self.opts.memory, machine=machine,
+                                 loss_reduction=o["loss_reduction"],
+                                 allow_random=o["allow_random"], batch_norm=o["batch_norm"],
+                                 trace=_simulated_trace(self.opts.trace))
         if self.mode == "split":
             first, second, _carried = _C.split_phases(plan)
             programs = [first, second]
@@ -246,12 +253,42 @@ class PipelineStep:
         while len(self.built) > MAX_BATCH_SIZES:
             dropped, _ = self.built.popitem(last=False)
             self.record.pipeline_batches.pop(dropped, None)
+            self.record.search_batches.pop(dropped, None)
             self.record.pipeline_evictions += 1
-        self.record.pipeline = plan
+        # A searched plan is a pipeline or a placement of the whole step
+        # (Note [The searched step]); plans()[-1] reports it as such.
+        pipelined = search is None or search.pipeline is not None
+        self.record.pipeline = plan if pipelined else None
+        self.record.joint = None if pipelined else plan
+        if search is not None:
+            self.record.search = search
+            self.record.search_batches[batch] = search
         self.record.pipeline_mode = self.mode if self.graph_kind == "training" else "inference"
         self.record.pipeline_batches[batch] = plan
         self.record.pipeline_seconds += time.perf_counter() - start
         return built
+
+    def _search(self, batch: int, machine: str | None) -> Any:
+        """The strategy search at this batch size (strategy="auto").
+
+        Note [The searched step]: under ``strategy="auto"`` the step is
+        joined as for a pipeline, and each batch size's first call searches
+        the one-device plan, the placers and the pipelines on the joint
+        step graph (passes/search/strategy_search.h). A placement of the
+        whole step runs as one Program, like a step-mode pipeline; in split
+        mode (the loss outside the compiled function) only GPipe pipelines
+        can be split at the backward (split_phases needs a pipeline's
+        stages), so only they are searched.
+        """
+        from .strategy import search_strategy
+        o = self.options
+        split = self.mode == "split"
+        return search_strategy(self.graph, self.opts.devices, batch, machine=machine,
+                               memory=self.opts.memory, loss_reduction=o["loss_reduction"],
+                               allow_random=o["allow_random"], batch_norm=o["batch_norm"],
+                               portals=o["portals"], schedules=("gpipe",) if split else (),
+                               one_device=not split, placements=not split,
+                               microbatches=_microbatch_counts(self.opts.devices, batch))
 
     # -- running ---------------------------------------------------------
 
@@ -339,6 +376,14 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
         "size as a number (e.g. reshapes to a fixed size, or compares it with one). Use the "
         "batch size from the tensor (x.shape[0], or -1 in a reshape), or call "
         "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised")
+
+
+def _microbatch_counts(devices: int, batch: int) -> list[int]:
+    """N, 2N, 4N, ... up to the batch (the search's default), or the batch
+    alone when it is smaller than N: a pipeline needs one micro-batch per
+    stage to overlap, but a small batch still gets a (model-parallel) one."""
+    counts = [m for m in (devices << k for k in range(32)) if m <= batch]
+    return counts or [batch]
 
 
 def _simulated_trace(trace: str | None) -> str | None:
