@@ -211,6 +211,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
         po.machine = o.machine;
         po.memory_bytes = o.memory_bytes;
         po.dump_dir = "";
+        po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
         pipeline = planPipeline(step, po);
         c.step_us = pipeline->stepTimeUs();
         c.peak_bytes = peakOf(pipeline->simulation);

@@ -84,6 +84,9 @@ struct StrategySearchOptions {
   /// (Note [A lower bound per candidate]).
   bool prune = true;
   double msct_lp_time_limit_s = 5.0;
+  /// CBC's time limit per solve of MadPipe's pattern ILP: an infeasible
+  /// period costs the whole limit, and the binary search solves up to 10.
+  double madpipe_pattern_time_limit_s = 0.1;
 };
 
 enum class CandidateStatus { Ok, DoesNotFit, Failed, Pruned };

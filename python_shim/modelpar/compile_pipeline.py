@@ -45,9 +45,13 @@ are bound by name on every call, as on one device.
 from __future__ import annotations
 
 import collections
+import contextlib
 import itertools
+import json
+import tempfile
 import time
 import weakref
+from pathlib import Path
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,9 +215,11 @@ class PipelineStep:
         self.saved_kinds = []
         self.graph_kind = "inference"
 
-    def build(self, batch: int) -> _Built:
+    def build(self, batch: int, values: Mapping[str, Any] | None = None) -> _Built:
         """The pipelined step at this batch size (planned once, cached; the
-        least recently used of more than MAX_BATCH_SIZES is dropped)."""
+        least recently used of more than MAX_BATCH_SIZES is dropped).
+        ``values``: the call's inputs by name, which strategy="auto" times
+        the step's nodes on (Note [The searched step])."""
         if batch in self.built:
             self.built.move_to_end(batch)
             return self.built[batch]
@@ -224,7 +230,7 @@ class PipelineStep:
         machine = machine_for(self.opts.executor_device_map)
         search = None
         if self.opts.strategy == "auto":
-            search = self._search(batch, machine)
+            search = self._search(batch, machine, values)
             plan = search.pipeline if search.pipeline is not None else search.placement
             if self.opts.trace is not None:
                 plan.write_trace(_simulated_trace(self.opts.trace))
@@ -263,27 +269,50 @@ class PipelineStep:
         if search is not None:
             self.record.search = search
             self.record.search_batches[batch] = search
+        if search is None:
+            self.record.step_graph = self.graph
         self.record.pipeline_mode = self.mode if self.graph_kind == "training" else "inference"
         self.record.pipeline_batches[batch] = plan
         self.record.pipeline_seconds += time.perf_counter() - start
         return built
 
-    def _search(self, batch: int, machine: str | None) -> Any:
+    def _search(self, batch: int, machine: str | None,
+                values: Mapping[str, Any] | None) -> Any:
         """The strategy search at this batch size (strategy="auto").
 
         Note [The searched step]: under ``strategy="auto"`` the step is
         joined as for a pipeline, and each batch size's first call searches
         the one-device plan, the placers and the pipelines on the joint
-        step graph (passes/search/strategy_search.h). A placement of the
+        step graph (passes/search/strategy_search.h). With this CPU's
+        calibrated profile (cpu_profile.measures_nodes), every node of the
+        step is first timed on a CPU worker on copies of the call's inputs
+        (profile_graph, median of 5 runs; the executor's time between ops
+        is added to the machine's per-op overhead; inputs the forward call does not
+        have, such as split mode's tangents, are random of their types), so
+        the search ranks the candidates on measured costs: the micro-batch
+        copies of a node get its per-op overhead plus their share of the
+        rest (MicrobatchOptions::launch_overhead_us). A placement of the
         whole step runs as one Program, like a step-mode pipeline; in split
         mode (the loss outside the compiled function) only GPipe pipelines
         can be split at the backward (split_phases needs a pipeline's
         stages), so only they are searched.
         """
+        from .cpu_profile import measures_nodes
+        split = self.mode == "split"
+        graph = self.graph
+        with contextlib.ExitStack() as stack:
+            if values is not None and measures_nodes(self.opts.executor_device_map):
+                graph, gap_us = _profiled(graph, batch, values)
+                if machine is not None and gap_us > 0:
+                    machine = _with_op_overhead(machine, gap_us, stack)
+            self.record.step_graph = graph
+            self.record.search_machine = Path(machine).read_text() if machine else None
+            return self._search_on(graph, batch, machine, split)
+
+    def _search_on(self, graph: Any, batch: int, machine: str | None, split: bool) -> Any:
         from .strategy import search_strategy
         o = self.options
-        split = self.mode == "split"
-        return search_strategy(self.graph, self.opts.devices, batch, machine=machine,
+        return search_strategy(graph, self.opts.devices, batch, machine=machine,
                                memory=self.opts.memory, loss_reduction=o["loss_reduction"],
                                allow_random=o["allow_random"], batch_norm=o["batch_norm"],
                                portals=o["portals"], schedules=("gpipe",) if split else (),
@@ -300,8 +329,8 @@ class PipelineStep:
         def run(args: list[Any]) -> list[Any]:
             inputs = list(args)
             args.clear()
-            built = self.build(self.batch_of(inputs))
             by_name = {**self.constants, **dict(zip(self.fw_input_names, inputs))}
+            built = self.build(self.batch_of(inputs), by_name)
             start = time.perf_counter_ns()
             outs = _run(built, 0, by_name)
             # A step-mode forward runs the whole step: it completes it.
@@ -376,6 +405,44 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
         "size as a number (e.g. reshapes to a fixed size, or compares it with one). Use the "
         "batch size from the tensor (x.shape[0], or -1 in a reshape), or call "
         "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised")
+
+
+def _profiled(graph: Any, batch: int, values: Mapping[str, Any]) -> Any:
+    """``graph`` with every node's time measured on a CPU worker, run on
+    copies of ``values`` (the step may write to its inputs: batch norm's
+    running statistics), random inputs of their types for the rest."""
+    from .planning import example_inputs, profile_graph_gaps
+    specs = _C.graph_input_specs(graph)
+    symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]
+               if isinstance(d, str)}
+    sizes = {sym: batch for sym in symbols}
+    sizes.update({s["name"]: batch for s in specs if s["kind"] == "int"
+                  and any(s["name"] == y or s["name"].startswith(y + "_") for y in symbols)})
+    inputs = example_inputs(graph, sizes)
+    for i, name in enumerate(graph.input_names):
+        if name in values:
+            v = values[name]
+            inputs[i] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+    # AOTAutograd's first call runs under a Python dispatch mode
+    # (_AnalyzeCustomOpInputOutputMode), and the executor's workers inherit
+    # the caller's dispatch state: timed under it, every op would pay a trip
+    # through Python (~30 us). Time the nodes without the modes.
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes():
+        return profile_graph_gaps(graph, inputs, runs=5)
+
+
+def _with_op_overhead(machine: str, gap_us: float, stack: contextlib.ExitStack) -> str:
+    """A copy of the machine profile whose per-op overhead includes the
+    executor's measured time between the step's ops (a temporary file,
+    removed when ``stack`` closes)."""
+    prof = json.loads(Path(machine).read_text())
+    for dev in prof["devices"]:
+        dev["launch_overhead_us"] = float(dev["launch_overhead_us"]) + gap_us
+    f = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".json"))
+    f.write(json.dumps(prof))
+    f.flush()
+    return f.name
 
 
 def _microbatch_counts(devices: int, batch: int) -> list[int]:

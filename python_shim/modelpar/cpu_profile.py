@@ -16,7 +16,9 @@ micro-benchmark (about a second) at the workers' intra-op thread count:
   fitted intercept, which eager Python calls inflate;
 * transfers: ``clone`` of 4 KiB..16 MiB (bandwidth) plus the executor's
   measured hand-off between two workers (a send of 4 bytes from one to the
-  other, minus the same chain on one worker) as the link latency.
+  other, minus the same chain on one worker) as the link latency;
+* the fixed cost of a step (a one-op step minus its op: waking the worker,
+  collecting the outputs), which the simulator adds to every step.
 
 A progress bar on stderr shows the calibration. The profile is JSON
 (passes/cost/README.md) at ``<cache>/cpu-<cpu model>-t<threads>.json``,
@@ -48,7 +50,8 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "machine_for"]
+__all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "machine_for",
+           "measures_nodes"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
 
@@ -211,9 +214,13 @@ def calibrate_cpu(threads: int = 1, *, progress: bool = True,
     text = _C.calibrated_machine(kernels, transfers, int(memory_bytes), "cpu", handoff_us)
     profile = json.loads(text)
     profile["devices"][0]["launch_overhead_us"] = per_op_us
+    # What a one-op step costs beyond its op: waking the worker, collecting
+    # the outputs (DeviceModel::stepOverheadUs; simulate adds it per step).
+    step_us = max(short_us - per_op_us, 0.0)
+    profile["step_overhead_us"] = step_us
     profile["calibration"] = {"cpu": cpu_model_name(), "threads": threads,
                               "torch": torch.__version__, "per_op_us": per_op_us,
-                              "handoff_us": handoff_us,
+                              "handoff_us": handoff_us, "step_overhead_us": step_us,
                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return json.dumps(profile, indent=2)
 
@@ -224,3 +231,13 @@ def machine_for(device_map: str, threads: int = 1) -> str | None:
     ``$MODELPAR_CPU_PROFILE`` is ``off``), None (passes' default device) for
     CUDA maps, which have no calibration yet."""
     return cpu_profile_path(threads) if device_map == "cpu-workers" else None
+
+
+def measures_nodes(device_map: str) -> bool:
+    """Whether plans for ``device_map`` also time the graph's nodes on this
+    machine (strategy="auto": Note [The searched step] in
+    compile_pipeline.py): with the calibrated CPU profile, i.e. CPU workers
+    and ``$MODELPAR_CPU_PROFILE`` unset. A profile named by the variable is
+    taken as given (its costs are what the user wants planned with), and
+    ``off`` plans with passes' default device."""
+    return device_map == "cpu-workers" and not os.environ.get(_ENV, "").strip()

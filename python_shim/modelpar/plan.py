@@ -94,6 +94,13 @@ class Plan:
     #: (modelpar/strategy.py) and of each batch size.
     search: Any = None
     search_batches: dict[int, Any] = field(default_factory=dict)
+    #: With ``pipeline`` or ``strategy="auto"``: the joined training step
+    #: graph the passes plan (symbolic batch; bench/strategy_search.py
+    #: measures every candidate on it).
+    step_graph: Any = None
+    #: With ``strategy="auto"``: the machine profile (JSON text) the last
+    #: search planned on (None: passes' default device).
+    search_machine: str | None = None
     pipeline_seconds: float = 0.0
     #: Measured wall time of each completed step (forward + backward
     #: executors, or the inference executor), microseconds, oldest first.
