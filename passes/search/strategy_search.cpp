@@ -95,6 +95,7 @@ std::string_view toString(CandidateStatus s) {
 
 std::string StrategyCandidate::label() const {
   if (kind == "placement") return "placement " + placer;
+  if (kind == "pipeline" && schedule.empty()) return "pipelines";
   if (kind == "pipeline") {
     return fmt::format("pipeline {} m={} {} checkpoint={}", schedule, microbatches, partition,
                        checkpoint);
@@ -159,6 +160,12 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
 
   StrategySearch result;
   result.candidates = enumerate(o, batch, !symbol.empty());
+  if (o.pipelines && o.devices >= 2 && symbol.empty()) {  // say why there are none
+    StrategyCandidate c = candidate("pipeline");
+    c.status = CandidateStatus::Failed;
+    c.reason = no_pipeline_reason;
+    result.candidates.push_back(std::move(c));
+  }
   MP_CHECK(!result.candidates.empty(), ConfigError,
            "modelpar {}: no candidate to search (one_device, placements and pipelines are all "
            "off, or pipelines only with devices={})",
@@ -169,15 +176,30 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   estimateCosts(costed, machine, base.cost_options);
   double t1 = 0, launch = std::numeric_limits<double>::infinity();
   for (const DeviceSpec& d : machine.devices()) launch = std::min(launch, d.launch_overhead_us);
+  // L counts the nodes each micro-batch repeats: those that read or write a
+  // value of the batch's size (a weight's transpose runs once).
+  auto batched = [&](ir::ValueId v) {
+    for (const ir::Dim& d : costed.value(v).type.shape) {
+      if (!symbol.empty() && dimMentions(d, symbol)) return true;
+    }
+    return false;
+  };
+  double per_mb = 0;
   for (size_t n = 0; n < costed.numNodes(); ++n) {
-    t1 += costed.node(static_cast<ir::NodeId>(n)).cost->time_us;
+    const ir::Node& node = costed.node(static_cast<ir::NodeId>(n));
+    t1 += node.cost->time_us;
+    std::vector<ir::ValueId> touched = node.inputs();
+    touched.insert(touched.end(), node.outputs.begin(), node.outputs.end());
+    if (std::any_of(touched.begin(), touched.end(), batched)) {
+      per_mb += std::min(launch, node.cost->time_us);
+    }
   }
-  const double per_mb = std::min(t1, launch * static_cast<double>(costed.numNodes()));
   result.t1_us = t1;
   for (StrategyCandidate& c : result.candidates) {
+    if (c.status == CandidateStatus::Failed) continue;
     int n = c.kind == "one-device" ? 1 : o.devices;
     int m = c.kind == "pipeline" ? c.microbatches : 1;
-    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n;
+    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs();
   }
 
   // 3. Plan and simulate in order of bound; stop when the bound cannot win.
@@ -189,6 +211,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   double best = std::numeric_limits<double>::infinity();
   for (size_t i : order) {
     StrategyCandidate& c = result.candidates[i];
+    if (c.status == CandidateStatus::Failed) continue;  // decided before planning
     if (o.prune && c.lower_bound_us > best) {
       c.reason = fmt::format("bound {} > best {}", formatMicros(c.lower_bound_us),
                              formatMicros(best));

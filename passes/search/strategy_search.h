@@ -18,16 +18,19 @@
 //
 // Note [A lower bound per candidate]: before planning anything, the search
 // costs the step once on one device at the real batch size: T1 (the sum of
-// node times) and L (the launch overhead summed over nodes). Under the
-// analytic cost model (cost_model.h) an op's time minus its launch overhead
-// is at least linear in its share of the batch (flops and activation bytes
-// scale with it; parameter bytes do not shrink), so m micro-batches cost at
-// least (T1 - L) + m·L together, and N devices run them in no less than
-// LB = ((T1 - L) + m·L) / N (placements: m = 1; one device: T1). The search
-// plans candidates in order of LB and stops once LB >= the best step found:
-// none of the rest can beat it (counted as `pruned`). Profiled node times
-// (applyProfile) do not scale with the micro-batch; the bound then assumes
-// they do, which only makes pruning more eager for the largest m.
+// node times) and L (the launch overhead summed over the nodes that read or
+// write a value of the batch's size, which every micro-batch repeats).
+// Under the analytic cost model (cost_model.h) an op's time minus its
+// launch overhead is at least linear in its share of the batch (flops and
+// activation bytes scale with it; parameter bytes do not shrink), and a
+// profiled time is split the same way (MicrobatchOptions::
+// launch_overhead_us), so m micro-batches cost at least (T1 - L) + m·L
+// together, and N devices run them in no less than
+// LB = ((T1 - L) + m·L) / N + the machine's step overhead (placements:
+// m = 1; one device: N = 1). The search plans candidates in order of LB and
+// stops once LB > the best step found: none of the rest can beat it
+// (counted as `pruned`). A step without a symbolic batch gets one
+// "pipelines" row saying why there are none.
 //
 // Preconditions: `step` verifies; options.batch_size is set. Guarantees: the
 // caller's graph is not modified; every candidate appears in the result

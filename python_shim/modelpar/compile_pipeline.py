@@ -61,7 +61,7 @@ import torch.fx
 
 from . import _C
 from .cpu_profile import machine_for
-from .errors import ConfigError
+from .errors import ConfigError, ExecutionError
 from .options import CompileOptions, pipeline_options
 
 __all__ = ["PipelineStep", "MAX_BATCH_SIZES"]
@@ -286,8 +286,9 @@ class PipelineStep:
         step graph (passes/search/strategy_search.h). With this CPU's
         calibrated profile (cpu_profile.measures_nodes), every node of the
         step is first timed on a CPU worker on copies of the call's inputs
-        (profile_graph, median of 5 runs; the executor's time between ops
-        is added to the machine's per-op overhead; inputs the forward call does not
+        (profile_graph, median of 5 runs; the per-op cost that does not
+        shrink with the batch, measured on the step at B and B/2, is the
+        machine's per-op overhead; inputs the forward call does not
         have, such as split mode's tangents, are random of their types), so
         the search ranks the candidates on measured costs: the micro-batch
         copies of a node get its per-op overhead plus their share of the
@@ -302,9 +303,9 @@ class PipelineStep:
         graph = self.graph
         with contextlib.ExitStack() as stack:
             if values is not None and measures_nodes(self.opts.executor_device_map):
-                graph, gap_us = _profiled(graph, batch, values)
-                if machine is not None and gap_us > 0:
-                    machine = _with_op_overhead(machine, gap_us, stack)
+                graph, fixed_us = _profiled(graph, batch, values)
+                if machine is not None and fixed_us > 0:
+                    machine = _with_op_overhead(machine, fixed_us, stack)
             self.record.step_graph = graph
             self.record.search_machine = Path(machine).read_text() if machine else None
             return self._search_on(graph, batch, machine, split)
@@ -407,38 +408,74 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
         "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised")
 
 
-def _profiled(graph: Any, batch: int, values: Mapping[str, Any]) -> Any:
+def _profiled(graph: Any, batch: int, values: Mapping[str, Any]) -> tuple[Any, float]:
     """``graph`` with every node's time measured on a CPU worker, run on
     copies of ``values`` (the step may write to its inputs: batch norm's
-    running statistics), random inputs of their types for the rest."""
+    running statistics), random inputs of their types for the rest; and the
+    per-op cost that does not shrink with the batch.
+
+    That cost is measured on the step itself: it runs at batch B and B/2
+    (W(B), W(B/2): medians of one-worker runs) and every one of its N nodes
+    is taken to cost c + b * s_n, so c = (2 W(B/2) - W(B)) / N; at least the
+    executor's time between ops (profile_graph_gaps)."""
     from .planning import example_inputs, profile_graph_gaps
     specs = _C.graph_input_specs(graph)
     symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]
                if isinstance(d, str)}
+    size_inputs = {s["name"] for s in specs if s["kind"] == "int"
+                   and any(s["name"] == y or s["name"].startswith(y + "_") for y in symbols)}
     sizes = {sym: batch for sym in symbols}
-    sizes.update({s["name"]: batch for s in specs if s["kind"] == "int"
-                  and any(s["name"] == y or s["name"].startswith(y + "_") for y in symbols)})
+    sizes.update({name: batch for name in size_inputs})
     inputs = example_inputs(graph, sizes)
     for i, name in enumerate(graph.input_names):
         if name in values:
             v = values[name]
             inputs[i] = v.detach().clone() if isinstance(v, torch.Tensor) else v
+    half = list(inputs)
+    for i, s in enumerate(specs):
+        if s["kind"] == "tensor" and s["shape"][:1] and s["shape"][0] in symbols:
+            half[i] = inputs[i][: batch // 2].clone()
+        elif s["name"] in size_inputs:
+            half[i] = batch // 2
     # AOTAutograd's first call runs under a Python dispatch mode
     # (_AnalyzeCustomOpInputOutputMode), and the executor's workers inherit
     # the caller's dispatch state: timed under it, every op would pay a trip
     # through Python (~30 us). Time the nodes without the modes.
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes():
-        return profile_graph_gaps(graph, inputs, runs=5)
+        profiled, gap_us = profile_graph_gaps(graph, inputs, runs=5)
+        if batch < 4:
+            return profiled, gap_us
+        full_us = _one_worker_us(graph, inputs)
+        try:
+            half_us = _one_worker_us(graph, half)
+        except ExecutionError:  # a step that cannot run at B/2 (batch norm of one sample)
+            return profiled, gap_us
+    return profiled, max(gap_us, (2 * half_us - full_us) / max(1, graph.num_nodes))
 
 
-def _with_op_overhead(machine: str, gap_us: float, stack: contextlib.ExitStack) -> str:
-    """A copy of the machine profile whose per-op overhead includes the
-    executor's measured time between the step's ops (a temporary file,
-    removed when ``stack`` closes)."""
+def _one_worker_us(graph: Any, inputs: list[Any], runs: int = 5) -> float:
+    """The median time of ``graph`` on one CPU worker (after one warm-up)."""
+    from .executor import Executor
+    from .planning import plan_graph
+    program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
+    ex = Executor(program, device_map="cpu-workers", threads_per_device=1)
+    ex.run(list(inputs))
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        ex.run(list(inputs))
+        times.append((time.perf_counter_ns() - t0) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def _with_op_overhead(machine: str, fixed_us: float, stack: contextlib.ExitStack) -> str:
+    """A copy of the machine profile whose per-op overhead is the step's
+    measured one, if larger (a temporary file, removed when ``stack``
+    closes): every micro-batch's copy of an op pays it whole."""
     prof = json.loads(Path(machine).read_text())
     for dev in prof["devices"]:
-        dev["launch_overhead_us"] = float(dev["launch_overhead_us"]) + gap_us
+        dev["launch_overhead_us"] = max(float(dev["launch_overhead_us"]), fixed_us)
     f = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".json"))
     f.write(json.dumps(prof))
     f.flush()

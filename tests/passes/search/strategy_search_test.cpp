@@ -130,6 +130,28 @@ TEST(StrategySearch, CandidatesOverMemoryAreDroppedAndNoneFittingIsAnError) {
   }
 }
 
+// A step with a static batch cannot be micro-batched: one "pipelines" row
+// says why, the placements are searched as usual.
+TEST(StrategySearch, AStaticBatchListsWhyThereAreNoPipelines) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @static(%x: f32[4, 4] input, %y: f32[4, 4] input) {
+  %ra: f32[4, 4] = aten::relu(%x) {layer="a", phase=fwd}
+  %rb: f32[4, 4] = aten::relu(%y) {layer="b", phase=fwd}
+  return %ra, %rb
+}
+)");
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = 4;
+  StrategySearch s = searchStrategy(g, o);
+  ASSERT_EQ(s.candidates.size(), 5u);  // one-device, 3 placers, the pipelines row
+  EXPECT_EQ(s.candidates.back().label(), "pipelines");
+  EXPECT_EQ(s.candidates.back().status, CandidateStatus::Failed);
+  EXPECT_NE(s.candidates.back().reason.find("static"), std::string::npos)
+      << s.candidates.back().reason;
+  EXPECT_NE(s.chosenCandidate().kind, "pipeline");
+}
+
 TEST(StrategySearch, RejectsBadOptionsBeforePlanning) {
   ir::Graph g = ir::parseGraph(kTwoBranches);
   StrategySearchOptions o = twoDevices();
