@@ -236,7 +236,7 @@ def machine_for(device_map: str, threads: int = 1) -> str | None:
 def measures_nodes(device_map: str) -> bool:
     """Whether plans for ``device_map`` also time the graph's nodes on this
     machine (strategy="auto": Note [The searched step] in
-    compile_pipeline.py): with the calibrated CPU profile, i.e. CPU workers
+    step_search.py): with the calibrated CPU profile, i.e. CPU workers
     and ``$MODELPAR_CPU_PROFILE`` unset. A profile named by the variable is
     taken as given (its costs are what the user wants planned with), and
     ``off`` plans with passes' default device."""

@@ -261,7 +261,7 @@ def profile_graph_gaps(graph: Graph, inputs: Sequence[Any] | None = None, *, run
     median run minus the nodes' medians (frees, argument lists), divided by
     the nodes timed. Every op pays it, whatever its size, so it is part of
     the per-op overhead (strategy="auto" adds it to the machine's
-    ``launch_overhead_us``: Note [The searched step] in compile_pipeline.py).
+    ``launch_overhead_us``: Note [The searched step] in step_search.py).
 
     Raises:
         ExecutionError: the graph fails to run on the inputs.
