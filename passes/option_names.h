@@ -34,6 +34,9 @@ inline constexpr std::string_view kCheckpointModeNames[] = {"always", "except_la
 inline constexpr std::string_view kBatchNormModeNames[] = {"refuse", "deferred"};
 /// `loss_reduction`: how micro-batch losses combine.
 inline constexpr std::string_view kLossReductionNames[] = {"auto", "mean", "sum"};
+/// `strategy`: who picks the plan: the options as given ("manual"), or the
+/// search over placers and pipelines by simulation ("auto", passes/search/).
+inline constexpr std::string_view kStrategyNames[] = {"manual", "auto"};
 
 /// One option and its valid values, for listing (modelpar._C.option_names()).
 struct OptionValues {

@@ -23,3 +23,4 @@
 #include "passes/place/placement.h"
 #include "passes/place/task_graph.h"
 #include "passes/plan_placement.h"
+#include "passes/search/strategy_search.h"

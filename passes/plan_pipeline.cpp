@@ -216,6 +216,7 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
     po.latency_us = machine.link(0, 1).latency_us;
   }
   po.schedule = *parsePipelineSchedule(o.schedule);
+  po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
   plan.partition = timer.run("partition", [&] { return partitionChain(plan.chain, po); });
   timer.last().detail = fmt::format("{} stages, period {}", plan.partition.numStages(),
                                     formatMicros(plan.partition.period_us));
@@ -235,6 +236,9 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   all.microbatches = o.microbatches;
   all.batch_size = o.batch_size;
   all.accumulate_in_reverse = o.schedule == "gpipe";  // the order its backwards run in
+  // A profiled node time includes the device's per-op overhead, which each
+  // micro-batch's copy pays whole.
+  all.launch_overhead_us = machine.device(0).launch_overhead_us;
   ir::Graph mb = timer.run("microbatch", [&] { return microbatch(ordered, all); });
   timer.last().detail = fmt::format("{} -> {} nodes", step.nodes().size(), mb.nodes().size());
   timer.verifyGraph(mb);
@@ -255,9 +259,27 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   so.device_of_stage.assign(plan.partition.stage_device.begin(),
                             plan.partition.stage_device.end());
   if (o.schedule == "1f1b*") so.in_flight = plan.partition.stage_activations;
+  if (o.schedule == "1f1b*" && plan.partition.pattern) {  // MadPipe's phase 2, executed
+    const PeriodicPattern& pat = *plan.partition.pattern;
+    so.pattern = PatternTimes{pat.period_us, pat.fwd_start_us, pat.bwd_start_us, pat.fwd_shift,
+                              pat.bwd_shift};
+  }
   so.relay_skips = !o.portals;
-  PipelineProgram pp = timer.run("schedule", [&] { return lowerPipeline(ck.graph, so); });
-  timer.last().detail = fmt::format("{} devices", pp.program.numDevices());
+  bool patterned = so.pattern.has_value();
+  PipelineProgram pp = timer.run("schedule", [&] {
+    try {
+      return lowerPipeline(ck.graph, so);
+    } catch (const ConfigError&) {
+      if (!so.pattern) throw;
+      // The pattern was computed on the chain; a graph edge it does not
+      // model may contradict it: the clock's 1F1B* order then.
+      so.pattern.reset();
+      patterned = false;
+      return lowerPipeline(ck.graph, so);
+    }
+  });
+  timer.last().detail = fmt::format("{} devices{}", pp.program.numDevices(),
+                                    patterned ? ", MadPipe's periodic pattern" : "");
   timer.verifyProgram(pp.program);
 
   SimulateOptions sim_options;

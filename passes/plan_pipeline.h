@@ -82,6 +82,9 @@ struct PipelinePlanOptions : PassRunnerOptions {
   double weight_copies = 3.0;
   /// Keep every instruction's times in the report (for traces).
   bool record_timeline = false;
+  /// MadPipe's phase 2: CBC's time limit per pattern solve
+  /// (PartitionOptions::madpipe_pattern_time_limit_s).
+  double madpipe_pattern_time_limit_s = 10;
 };
 
 struct PipelinePlan {

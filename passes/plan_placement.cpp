@@ -49,6 +49,7 @@ DeviceModel firstDevices(const DeviceModel& m, int n) {
       if (s != d && !(m.link(s, d) == m.defaultLink())) out.setLink(s, d, m.link(s, d), false);
     }
   }
+  out.setStepOverheadUs(m.stepOverheadUs());
   return out;
 }
 
@@ -178,6 +179,7 @@ DeviceModel planMachine(const PlacementOptions& o) {
       s.name = fmt::format("{}{}", o.machine->device(0).name, d);
       m.setDevice(d, s);
     }
+    m.setStepOverheadUs(o.machine->stepOverheadUs());
   }
   const auto& mem = o.memory_bytes;
   MP_CHECK(mem.size() <= 1 || mem.size() == static_cast<size_t>(n), ConfigError,

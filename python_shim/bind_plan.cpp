@@ -473,6 +473,9 @@ void bindPipeline(py::module_& m) {
           })
       .def_property_readonly("num_transfers",
                              [](const passes::PipelinePlan& p) { return p.simulation.num_transfers; })
+      .def_property_readonly("machine_json",
+                             [](const passes::PipelinePlan& p) { return p.machine.toJson(2); },
+                             "The machine planned for, as a profile (JSON text).")
       .def("trace",
            [](const passes::PipelinePlan& p) {
              return passes::toChromeTrace(p.program, p.simulation);

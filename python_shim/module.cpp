@@ -20,6 +20,7 @@ void bindBackend(py::module_& m);  // bind_backend.cpp: the modelpar device
 void bindExecutor(py::module_& m);  // bind_executor.cpp: Executor (multi-device runtime)
 void bindPlan(py::module_& m);  // bind_plan.cpp: plan_graph, PlacementPlan (passes/plan_placement.h)
 void bindPasses(py::module_& m);  // bind_passes.cpp: run_passes (passes/pass_registry.h)
+void bindSearch(py::module_& m);  // bind_search.cpp: search_strategy (passes/search/strategy_search.h)
 }  // namespace modelpar
 
 namespace modelpar {
@@ -145,4 +146,5 @@ PYBIND11_MODULE(_C, m) {
   bindExecutor(m);
   bindPlan(m);
   bindPasses(m);
+  bindSearch(m);
 }

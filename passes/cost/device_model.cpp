@@ -158,6 +158,13 @@ void DeviceModel::setLink(int src, int dst, LinkSpec link, bool symmetric) {
   }
 }
 
+void DeviceModel::setStepOverheadUs(double us) {
+  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
+           "modelpar device-model: step_overhead_us={} is not valid; it takes a finite number of "
+           "microseconds >= 0", us);
+  step_overhead_us_ = us;
+}
+
 std::string DeviceModel::toJson(int indent) const {
   Json devs = Json::array();
   for (const DeviceSpec& d : devices_) {
@@ -181,6 +188,7 @@ std::string DeviceModel::toJson(int indent) const {
          {"devices", std::move(devs)},
          {"default_link", linkJson(default_link_)},
          {"links", std::move(links)}};
+  if (step_overhead_us_ != 0) j["step_overhead_us"] = step_overhead_us_;  // optional member
   return j.dump(indent);
 }
 
@@ -223,6 +231,7 @@ DeviceModel DeviceModel::fromJson(std::string_view text) {
                 /*symmetric=*/false);
     }
   }
+  if (j.contains("step_overhead_us")) m.setStepOverheadUs(number(j, "step_overhead_us", "the profile"));
   return m;
 }
 

@@ -61,6 +61,13 @@ class DeviceModel {
   const LinkSpec& defaultLink() const { return default_link_; }
   /// Replaces the link of every pair that has no explicit link.
   void setDefaultLink(LinkSpec link);
+  /// A fixed cost of every step, whatever runs in it: the runtime waking its
+  /// device workers and collecting their results (CPU workers: tens of
+  /// microseconds; modelpar/cpu_profile.py measures it). simulate() adds it
+  /// to the step time. 0 by default.
+  double stepOverheadUs() const { return step_overhead_us_; }
+  /// Throws ConfigError unless 0 <= us < infinity.
+  void setStepOverheadUs(double us);
   /// The link src -> dst (src != dst).
   const LinkSpec& link(int src, int dst) const;
   /// Sets the link src -> dst, and dst -> src when `symmetric`.
@@ -91,6 +98,7 @@ class DeviceModel {
 
   std::vector<DeviceSpec> devices_;
   LinkSpec default_link_;
+  double step_overhead_us_ = 0.0;
   std::vector<LinkSpec> links_;      // N*N, row = source
   std::vector<uint8_t> explicit_;    // N*N: 1 where setLink set the link
 };

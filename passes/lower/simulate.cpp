@@ -288,6 +288,7 @@ class Simulator {
       if (last == kNone || end_[gid] > end_[static_cast<size_t>(last)]) last = static_cast<int32_t>(gid);
     }
     rep.step_time_us = last == kNone ? 0.0 : end_[static_cast<size_t>(last)];
+    rep.step_time_us += m_.stepOverheadUs();
     // Critical path: follow causes back from the last end; a send stands for its recv.
     for (int32_t c = last; c != kNone; c = cause_[static_cast<size_t>(c)]) {
       const ir::Instruction& i = inst(c);

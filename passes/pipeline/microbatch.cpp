@@ -438,7 +438,8 @@ ir::Graph Microbatcher::build() {
       if (nd.cost) {  // a micro-batch does b_k/B of the work; weights count once
         ir::Cost cost = *nd.cost;
         double f = static_cast<double>(bk) / static_cast<double>(d_.total);
-        cost.time_us *= f;
+        double launch = std::clamp(o_.launch_overhead_us, 0.0, cost.time_us);
+        cost.time_us = launch + (cost.time_us - launch) * f;
         cost.output_bytes = static_cast<int64_t>(std::llround(static_cast<double>(cost.output_bytes) * f));
         cost.temp_bytes = static_cast<int64_t>(std::llround(static_cast<double>(cost.temp_bytes) * f));
         if (k > 0) cost.persistent_bytes = 0;

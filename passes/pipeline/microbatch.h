@@ -135,6 +135,11 @@ struct MicrobatchOptions {
   /// micro-batch normalised with its own statistics, running statistics
   /// updated once from the whole batch's; see the file comment).
   BatchNormMode batch_norm = BatchNormMode::Refuse;
+  /// The per-op overhead inside a node's profiled time (a time measured on
+  /// the device, applyProfile), which every micro-batch's copy pays whole:
+  /// a copy of a batched node gets launch + (time - launch) * b_k / B
+  /// (0: time * b_k / B).
+  double launch_overhead_us = 0.0;
 };
 
 /// The micro-batch sizes the split rule gives for batch b and m micro-batches

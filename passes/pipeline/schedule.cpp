@@ -2,6 +2,7 @@
 #include "passes/pipeline/schedule.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "ir/check.h"
@@ -24,7 +25,17 @@ struct Pipeline {
   std::vector<Role> role;           // per node
   std::vector<int32_t> stage;       // per node (shared: filled in step 5)
   std::vector<int32_t> task;        // per node, InTask only: (stage * m + mb) * 2 + F|B
+  const PatternTimes* pattern = nullptr;  // 1f1b* with MadPipe's pattern
   int32_t taskId(int s, int k, int fb) const { return (s * m + k) * 2 + fb; }
+  // Note [Lowering the periodic pattern]: the start of a task in the
+  // pattern's time, (k + shift) * T + start.
+  double patternStart(int32_t t) const {
+    const auto s = static_cast<size_t>(t / 2 / m);
+    const int k = (t / 2) % m;
+    const bool f = t % 2 == 0;
+    return (k + (f ? pattern->fwd_shift[s] : pattern->bwd_shift[s])) * pattern->period_us +
+           (f ? pattern->fwd_start_us[s] : pattern->bwd_start_us[s]);
+  }
   std::string taskName(int32_t t) const {
     return fmt::format("{}{} of stage {}", kindName(t % 2), (t / 2) % m, t / 2 / m);
   }
@@ -106,6 +117,19 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
       P.warmup[static_cast<size_t>(s)] = std::min(w, P.m);
     }
   }
+  if (o.pattern) {
+    const PatternTimes& pt = *o.pattern;
+    const auto n = static_cast<size_t>(P.n);
+    MP_CHECK(o.kind == "1f1b*", ConfigError,
+             "modelpar {}: a periodic pattern is MadPipe's 1F1B* schedule; schedule '{}' has none",
+             id, o.kind);
+    MP_CHECK(std::isfinite(pt.period_us) && pt.period_us > 0 && pt.fwd_start_us.size() == n &&
+                 pt.bwd_start_us.size() == n && pt.fwd_shift.size() == n && pt.bwd_shift.size() == n,
+             ConfigError,
+             "modelpar {}: the periodic pattern needs a period > 0 and a start and shift per "
+             "stage for each of the {} stages", id, P.n);
+    P.pattern = &pt;
+  }
   P.task.assign(nn, -1);
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
@@ -136,7 +160,7 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
       MP_CHECK(!(fu == kB && fv == kB && su < sv), ConfigError,
                "modelpar {}: backward edge {} (stage {}) -> {} (stage {}) goes to a later stage; "
                "stages must not increase along backward edges", id, g.nodeRef(u), su, g.nodeRef(vi), sv);
-      if (fu == kF && fv == kF && o.kind == "1f1b*") {
+      if (fu == kF && fv == kF && o.kind == "1f1b*" && !o.pattern) {  // a pattern orders itself
         int wu = P.warmup[static_cast<size_t>(su)], wv = P.warmup[static_cast<size_t>(sv)];
         MP_CHECK(wu >= wv, ConfigError,
                  "modelpar {}: in_flight increases along forward edge {} (stage {}, {} in flight) "
@@ -149,10 +173,36 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   return P;
 }
 
+// Note [Lowering the periodic pattern]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// MadPipe's phase 2 (seed 004 §4.3, partition_ilp.cpp) computes, for a plan
+// whose stages share a device, a periodic pattern: per stage, the start of
+// its forward and backward within a period T and the micro-batch shift, such
+// that no two operations on a device overlap and each micro-batch's
+// operations follow one another. Its in-flight counts alone do not say how a
+// device interleaves its stages: ordering them by the global clock (one task
+// per stage per tick) may run them in an order whose period is longer than T.
+// With the pattern, every task gets its start in the pattern's time,
+// (k + shift) * T + start; each stage's sequence and each device's order are
+// sorted by it (ties: clock tick, then stage). The ILP's dependency rows make
+// these times increase along every edge of a micro-batch, so the order is
+// one a device can run; the clock still checks it, and the simulated period
+// of the lowered Program is the pattern's (tests: schedule_test.cpp).
+//
 // 2. The task order of stage s (see the header's table).
 std::vector<int32_t> stageSequence(const Pipeline& P, int s) {
   std::vector<int32_t> seq;
   const int m = P.m, w = P.warmup[static_cast<size_t>(s)];
+  if (P.pattern != nullptr) {
+    for (int k = 0; k < m; ++k) {
+      seq.push_back(P.taskId(s, k, kF));
+      seq.push_back(P.taskId(s, k, kB));
+    }
+    std::stable_sort(seq.begin(), seq.end(), [&](int32_t a, int32_t b) {
+      return P.patternStart(a) < P.patternStart(b);
+    });
+    return seq;
+  }
   for (int k = 0; k < w; ++k) seq.push_back(P.taskId(s, k, kF));
   if (P.reverse_backward) {
     for (int k = m - 1; k >= 0; --k) seq.push_back(P.taskId(s, k, kB));
@@ -255,14 +305,38 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
     }
   }
 
-  // 3. Global clock, then every task sorted by (tick, stage).
+  // 3. Global clock, then every task sorted by (tick, stage), or by its
+  // start in the periodic pattern (Note [Lowering the periodic pattern]).
   std::vector<int32_t> tick = clockTicks(g, P, seq);
   std::vector<int32_t> tasks;
   for (const auto& q : seq) tasks.insert(tasks.end(), q.begin(), q.end());
   std::sort(tasks.begin(), tasks.end(), [&](int32_t a, int32_t b) {
+    if (P.pattern != nullptr) {  // Note [Lowering the periodic pattern]
+      double sa = P.patternStart(a), sb = P.patternStart(b);
+      if (sa != sb) return sa < sb;
+    }
     int32_t ta = tick[static_cast<size_t>(a)], tb = tick[static_cast<size_t>(b)];
     return ta != tb ? ta < tb : a / 2 / P.m < b / 2 / P.m;
   });
+
+  if (P.pattern != nullptr) {  // the pattern's times must increase along every task edge
+    std::vector<int32_t> pos(nt, -1);
+    for (size_t k = 0; k < tasks.size(); ++k) pos[static_cast<size_t>(tasks[k])] = static_cast<int32_t>(k);
+    for (size_t i = 0; i < nn; ++i) {
+      if (P.task[i] < 0) continue;
+      for (ir::ValueId v : g.nodes()[i].inputs()) {
+        ir::NodeId u = g.value(v).producer;
+        if (u == ir::kNoId || P.task[static_cast<size_t>(u)] < 0) continue;
+        MP_CHECK(pos[static_cast<size_t>(P.task[static_cast<size_t>(u)])] <=
+                     pos[static_cast<size_t>(P.task[i])],
+                 ConfigError,
+                 "modelpar {}: the periodic pattern starts {} before {}, which it reads from "
+                 "({} reads {}); the pattern does not fit this graph",
+                 kSchedulePassId, P.taskName(P.task[i]), P.taskName(P.task[static_cast<size_t>(u)]),
+                 g.nodeRef(static_cast<ir::NodeId>(i)), g.nodeRef(u));
+      }
+    }
+  }
 
   // 4. The global order of task and final nodes.
   std::vector<ir::NodeId> anchored;  // without shared nodes

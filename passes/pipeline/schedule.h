@@ -25,7 +25,10 @@
 //   gpipe   F0 F1 .. F(m-1) B(m-1) .. B0       (torchgpipe's fork/join order)
 //   1f1b    w = min(n - s, m): F0 .. F(w-1), then B(j) F(j+w) alternating,
 //           then the remaining B's          (PipeDream-flush / Megatron 1F1B)
-//   1f1b*   the same with w = min(in_flight[s], m) (MadPipe's group numbers)
+//   1f1b*   the same with w = min(in_flight[s], m) (MadPipe's group numbers);
+//           with a `pattern` (MadPipe's phase 2), every stage's and every
+//           device's tasks in the order of the pattern's start times
+//           (Note [Lowering the periodic pattern])
 // e.g. n=3, m=4, 1f1b:  stage 0: F0 F1 F2 B0 F3 B1 B2 B3
 //                       stage 1: F0 F1 B0 F2 B1 F3 B2 B3
 //                       stage 2: F0 B0 F1 B1 F2 B2 F3 B3
@@ -62,6 +65,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -75,6 +79,16 @@ namespace modelpar::passes {
 
 inline constexpr std::string_view kSchedulePassId = "schedule";
 
+/// MadPipe's periodic pattern (seed 004 §3; partition.h PeriodicPattern,
+/// computed by phase 2 when stages share a device): micro-batch k's forward
+/// on stage s starts at (k + fwd_shift[s]) * period + fwd_start[s], its
+/// backward alike.
+struct PatternTimes {
+  double period_us = 0;
+  std::vector<double> fwd_start_us, bwd_start_us;  ///< per stage, in [0, period]
+  std::vector<int> fwd_shift, bwd_shift;           ///< per stage
+};
+
 struct PipelineScheduleOptions {
   /// "gpipe" | "1f1b" | "1f1b*".
   std::string kind = "gpipe";
@@ -84,6 +98,8 @@ struct PipelineScheduleOptions {
   std::vector<int32_t> device_of_stage;
   /// 1f1b* only: per stage, the micro-batches it keeps in flight.
   std::vector<int> in_flight;
+  /// 1f1b* only, optional: the periodic pattern to run (one entry per stage).
+  std::optional<PatternTimes> pattern;
   /// lowerPipeline only: forward values crossing several stages stage by
   /// stage (torchgpipe without portals, relay_skips.h) instead of sending
   /// them straight to their readers (portals, the default).

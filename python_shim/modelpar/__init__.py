@@ -59,8 +59,11 @@ from .planning import (
     plan_graph,
     plan_joint,
 )
+from .strategy import STRATEGIES, search_strategy
 
 __all__ = [
+    "STRATEGIES",
+    "search_strategy",
     "CHECKPOINT_MODES",
     "CapturedPlacement",
     "CheckpointResult",

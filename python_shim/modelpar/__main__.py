@@ -3,10 +3,12 @@
 Commands:
   demo   run the hand-written 2-device pipeline example (see ``modelpar.demo``)
   plan   place an IR graph on N devices, simulate the step, print the summary
+         (--strategy auto: search placers and pipelines, print every candidate)
   opt    run named passes on an IR file and print the IR they leave (like mlir-opt)
 
 Example:
   python -m modelpar plan examples/ir/mlp_step.txt --devices 2 --placer m-etf --trace step.json
+  python -m modelpar plan examples/ir/skip_step_symbolic.txt --strategy auto --devices 2 --batch-size 64
   python -m modelpar opt --pass cost:devices=2 --pass place-metf:devices=2 --pass lower g.txt
   python -m modelpar opt --list
 
@@ -28,15 +30,50 @@ def _report(command: str, e: BaseException) -> int:
     return 1
 
 
+def _search(args: argparse.Namespace, memory) -> int:
+    """``plan --strategy auto``: the strategy search on the graph, its table,
+    then the chosen plan's summary."""
+    import modelpar
+    from modelpar.option_names import check_one_of
+    from modelpar.strategy import search_strategy
+
+    try:
+        if args.batch_size is None:
+            raise modelpar.ConfigError("modelpar plan: --strategy auto needs --batch-size B (the "
+                                       "graph's batch symbol is costed and micro-batched at B)")
+        check_one_of("plan", "batch_norm", args.batch_norm)
+        s = search_strategy(args.graph, args.devices or 2, args.batch_size, machine=args.machine,
+                            memory=memory, batch_norm=args.batch_norm,
+                            lp_time_limit_s=args.lp_time_limit)
+        plan = s.pipeline if s.pipeline is not None else s.placement
+        if args.trace:
+            plan.write_trace(args.trace)
+    except (modelpar.Error, OSError) as e:
+        return _report("plan", e)
+    print(s.table(), end="")
+    print(f"chosen: {s.candidates[s.chosen]['label']}")
+    print(plan.summary(), end="")
+    if args.trace:
+        print(f"  trace: {args.trace}")
+    return 0
+
+
 def _plan(args: argparse.Namespace) -> int:
     import modelpar
     from modelpar.planning import plan_graph
 
+    memory = None
+    if args.memory is not None:
+        parts = [m.strip() for m in args.memory.split(",")]
+        memory = parts[0] if len(parts) == 1 else parts
     try:
-        memory = None
-        if args.memory is not None:
-            parts = [m.strip() for m in args.memory.split(",")]
-            memory = parts[0] if len(parts) == 1 else parts
+        from modelpar.option_names import check_one_of
+        check_one_of("plan", "strategy", args.strategy)  # one definition: passes/option_names.h
+    except modelpar.Error as e:
+        return _report("plan", e)
+    if args.strategy == "auto":
+        return _search(args, memory)
+    try:
         p = plan_graph(args.graph, devices=args.devices, memory=memory, placer=args.placer,
                        machine=args.machine, trace=args.trace, coarsen=not args.no_coarsen,
                        dump_dir=args.dump_dir, lp_time_limit_s=args.lp_time_limit)
@@ -101,6 +138,15 @@ def main(argv: list[str] | None = None) -> int:
                       help="write the IR after every pass there (default: $MODELPAR_DUMP_DIR)")
     plan.add_argument("--lp-time-limit", type=float, default=20.0,
                       help="m-SCT's LP time limit in seconds (default 20)")
+    plan.add_argument("--strategy", default="manual",
+                      help="auto: search the one-device plan, the placers and the pipelines "
+                           "(schedules x micro-batches x partitions x checkpoint modes) by "
+                           "simulation, print every candidate and the chosen plan (needs "
+                           "--batch-size; --devices defaults to 2)")
+    plan.add_argument("--batch-size", type=int, default=None,
+                      help="with --strategy auto: the value of the graph's batch symbol")
+    plan.add_argument("--batch-norm", default="refuse",
+                      help="with --strategy auto: training-mode batch norm in pipelines")
     opt = sub.add_parser(
         "opt", help="run named passes on an IR file and print the IR they leave",
         description="Runs passes by name, in order, on an IR graph or program (ir/README.md), "

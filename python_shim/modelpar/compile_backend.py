@@ -47,6 +47,7 @@ import torch
 import torch.fx
 
 from . import _C
+from .cpu_profile import machine_for
 from .errors import InvalidIrError, UnsupportedOpError
 from .fx_import import (GraphKind, InputRole, UnsupportedGraph, import_graph, source_name,
                          symbol_sizes)
@@ -74,7 +75,7 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     opts = resolve_options(options, mode)
     roles = _dynamo_inputs(gm, example_inputs)
-    if opts.pipeline is not None:
+    if opts.whole_step:
         _retrace_with_a_symbolic_batch(gm, example_inputs, roles)
     plan = new_plan(*_user_code(gm), opts)
     capture = _Capture(plan, opts, roles)
@@ -83,7 +84,7 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 
     def partition(joint_module: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         fw_module, bw_module = partitioner(joint_module, joint_inputs, **kwargs)
-        if opts.pipeline is not None:
+        if opts.whole_step:
             capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"), pipeline=True)
         elif opts.planned:
             capture.plan_joint(fw_module, bw_module, kwargs.get("num_fwd_outputs"))
@@ -296,7 +297,7 @@ class _Capture:
                                     self.layer_of_seq)
             graph = parse_graph(imported.text)
             placement = None
-            if self.opts.pipeline is not None:
+            if self.opts.whole_step:
                 compiled = self.pipelined(gm, graph, kind, imported)
             elif self.opts.planned:
                 placement, compiled = self.place(graph, kind, imported)
@@ -381,6 +382,7 @@ class _Capture:
         joint, fw_plan, bw_plan, moved_layer, moved_param = plan_joint(
             fw_graph, bw_graph, saved, tangents, gradients, devices=self.opts.devices,
             memory=self.opts.memory, placer=self.opts.placer or "m-etf",
+            machine=machine_for(self.opts.executor_device_map),
             dump_dir=self.opts.dump_dir or "",
             # Costs and memory at this call's sizes, not at 1 per symbol.
             symbol_sizes=symbol_sizes(fw_module, bw_module))
@@ -449,6 +451,7 @@ class _Capture:
             pinned = self.layer_device if kind is GraphKind.BACKWARD else None
             placement = plan_graph(graph, devices=self.opts.devices,
                                    memory=self.opts.memory,
+                                   machine=machine_for(self.opts.executor_device_map),
                                    placer=self.opts.placer or "m-etf",
                                    dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:

@@ -56,6 +56,7 @@ import torch
 import torch.fx
 
 from . import _C
+from .cpu_profile import machine_for
 from .errors import ConfigError
 from .options import CompileOptions, pipeline_options
 
@@ -210,9 +211,11 @@ class PipelineStep:
         self.saved_kinds = []
         self.graph_kind = "inference"
 
-    def build(self, batch: int) -> _Built:
+    def build(self, batch: int, values: Mapping[str, Any] | None = None) -> _Built:
         """The pipelined step at this batch size (planned once, cached; the
-        least recently used of more than MAX_BATCH_SIZES is dropped)."""
+        least recently used of more than MAX_BATCH_SIZES is dropped).
+        ``values``: the call's inputs by name, which strategy="auto" times
+        the step's nodes on (Note [The searched step] in step_search.py)."""
         if batch in self.built:
             self.built.move_to_end(batch)
             return self.built[batch]
@@ -220,13 +223,22 @@ class PipelineStep:
         from .pipeline_passes import plan_pipeline
         o = self.options
         start = time.perf_counter()
-        plan = plan_pipeline(self.graph, devices=self.opts.devices,
-                             microbatches=min(o["microbatches"], batch), batch_size=batch,
-                             schedule=o["schedule"], partition=o["partition"],
-                             checkpoint=o["checkpoint"], portals=o["portals"],
-                             memory=self.opts.memory, loss_reduction=o["loss_reduction"],
-                             allow_random=o["allow_random"], batch_norm=o["batch_norm"],
-                             trace=_simulated_trace(self.opts.trace))
+        machine = machine_for(self.opts.executor_device_map)
+        search = None
+        if self.opts.strategy == "auto":
+            search = self._search(batch, machine, values)
+            plan = search.pipeline if search.pipeline is not None else search.placement
+            if self.opts.trace is not None:
+                plan.write_trace(_simulated_trace(self.opts.trace))
+        else:
+            plan = plan_pipeline(self.graph, devices=self.opts.devices,
+                                 microbatches=min(o["microbatches"], batch), batch_size=batch,
+                                 schedule=o["schedule"], partition=o["partition"],
+                                 checkpoint=o["checkpoint"], portals=o["portals"],
+                                 memory=self.opts.memory, machine=machine,
+                                 loss_reduction=o["loss_reduction"],
+                                 allow_random=o["allow_random"], batch_norm=o["batch_norm"],
+                                 trace=_simulated_trace(self.opts.trace))
         if self.mode == "split":
             first, second, _carried = _C.split_phases(plan)
             programs = [first, second]
@@ -243,12 +255,30 @@ class PipelineStep:
         while len(self.built) > MAX_BATCH_SIZES:
             dropped, _ = self.built.popitem(last=False)
             self.record.pipeline_batches.pop(dropped, None)
+            self.record.search_batches.pop(dropped, None)
             self.record.pipeline_evictions += 1
-        self.record.pipeline = plan
+        # A searched plan is a pipeline or a placement of the whole step
+        # (Note [The searched step] in step_search.py); plans()[-1] reports it.
+        pipelined = search is None or search.pipeline is not None
+        self.record.pipeline = plan if pipelined else None
+        self.record.joint = None if pipelined else plan
+        if search is not None:
+            self.record.search = search
+            self.record.search_batches[batch] = search
+        if search is None:
+            self.record.step_graph = self.graph
         self.record.pipeline_mode = self.mode if self.graph_kind == "training" else "inference"
         self.record.pipeline_batches[batch] = plan
         self.record.pipeline_seconds += time.perf_counter() - start
         return built
+
+    def _search(self, batch: int, machine: str | None,
+                values: Mapping[str, Any] | None) -> Any:
+        """The strategy search at this batch size (strategy="auto"; Note
+        [The searched step] in step_search.py)."""
+        from .step_search import search_step
+        return search_step(self.graph, self.opts, self.options, self.mode == "split", batch,
+                           machine, values, self.record)
 
     # -- running ---------------------------------------------------------
 
@@ -260,8 +290,8 @@ class PipelineStep:
         def run(args: list[Any]) -> list[Any]:
             inputs = list(args)
             args.clear()
-            built = self.build(self.batch_of(inputs))
             by_name = {**self.constants, **dict(zip(self.fw_input_names, inputs))}
+            built = self.build(self.batch_of(inputs), by_name)
             start = time.perf_counter_ns()
             outs = _run(built, 0, by_name)
             # A step-mode forward runs the whole step: it completes it.

@@ -17,6 +17,7 @@ silently ignored.
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
 | ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (False), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile_pipeline.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
+| ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them. Not with ``placer`` or ``pipeline`` (those pick by hand) |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
 
 Any of ``devices`` > 1, ``memory``, ``trace`` or a CUDA ``device_map``
@@ -24,8 +25,12 @@ plans the graphs (``CompileOptions.planned``) and runs them on the
 Executor; otherwise a graph runs on the one-device C++ interpreter.
 
 ``mode``: ``"default"`` (or None); ``"max-autotune"`` and
-``"max-autotune-no-cudagraphs"`` are accepted and behave like the default
-(modelpar has nothing to autotune yet; a warning says so once);
+``"max-autotune-no-cudagraphs"`` mean ``strategy="auto"`` with devices > 1
+and neither ``placer`` nor ``pipeline`` given; torch.compile takes no
+options beside a mode, so ``devices`` then defaults to the CPU's cores (one
+CPU worker device each; the search may still choose one device). With one
+device there is nothing to search and they behave like the default (a
+warning says why);
 ``"reduce-overhead"`` means CUDA graph replay: the same as ``cuda_graphs=True``.
 """
 
@@ -40,7 +45,7 @@ from typing import Any
 
 from .errors import ConfigError
 from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, LOSS_REDUCTIONS, PARTITION_METHODS,
-                           PIPELINE_SCHEDULES, PLACERS, check_devices)
+                           MAX_DEVICES, PIPELINE_SCHEDULES, PLACERS, STRATEGIES, check_devices)
 
 __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
 
@@ -110,14 +115,22 @@ class CompileOptions:
     pipeline: Mapping[str, Any] | None = None
     cuda_graphs: bool = False
     trace: str | None = None
+    strategy: str = "manual"
     mode: str = "default"
+
+    @property
+    def whole_step(self) -> bool:
+        """Whether the training step is joined into one graph and planned per
+        batch size at its first call (compile_pipeline.py): with ``pipeline``
+        or ``strategy="auto"``."""
+        return self.pipeline is not None or self.strategy == "auto"
 
     @property
     def planned(self) -> bool:
         """Whether graphs are planned by passes' plan() and run by the
         multi-device Executor (else: the one-device interpreter)."""
         return (self.devices > 1 or self.memory is not None or self.trace is not None
-                or self.pipeline is not None
+                or self.whole_step
                 or self.cuda_graphs or self.device_map not in (None, "cpu"))
 
     @property
@@ -236,7 +249,10 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     dump_dir = _path("dump_dir", options.get("dump_dir", os.environ.get("MODELPAR_DUMP_DIR") or None),
                      "a directory path")
     partitioner = _choice("partitioner", options.get("partitioner", "default"), _PARTITIONERS)
-    devices = options.get("devices", 1)
+    # torch.compile takes mode or options, never both: under max-autotune
+    # (no options) the search gets one CPU worker device per core.
+    autotune = mode.startswith("max-autotune")
+    devices = options.get("devices", min(os.cpu_count() or 1, MAX_DEVICES) if autotune else 1)
     check_devices("options", devices)
     device_map = options.get("device_map")
     if isinstance(device_map, tuple):
@@ -258,6 +274,7 @@ def resolve_options(options: Mapping[str, Any] | None = None,
             raise _bad("pipeline", pipeline, f"None or a dict with keys {', '.join(_PIPELINE_KEYS)}")
         pipeline = pipeline_options(pipeline)
     trace = _path("trace", options.get("trace"), "a file path")
+    strategy = _choice("strategy", options.get("strategy", "manual"), STRATEGIES)
 
     # 2. What is not built yet.
     if placer is not None and devices == 1:
@@ -270,12 +287,24 @@ def resolve_options(options: Mapping[str, Any] | None = None,
         _check_cuda(device_map)
     if mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
         cuda_graphs = True
-    if mode.startswith("max-autotune"):
-        warnings.warn(f"modelpar: mode={mode!r} has nothing to autotune yet; it runs as "
-                      "mode='default'", stacklevel=2)
+    if strategy == "auto" and (placer is not None or pipeline is not None):
+        given = "placer" if placer is not None else "pipeline"
+        raise ConfigError(f"modelpar options: strategy='auto' searches the placers and pipelines "
+                          f"itself, but {given}={options[given]!r} picks one by hand; give one of "
+                          f"the two")
+    if autotune and strategy == "manual":
+        if devices > 1 and placer is None and pipeline is None:
+            strategy = "auto"
+        else:
+            why = ("one device" if devices == 1 else
+                   f"{'placer' if placer is not None else 'pipeline'} picks the plan by hand")
+            warnings.warn(f"modelpar: mode={mode!r} has nothing to autotune ({why}); it runs as "
+                          "mode='default'. Give devices=N without placer or pipeline to search "
+                          "the strategies", stacklevel=2)
 
     return CompileOptions(strict=strict, dump_dir=str(dump_dir) if dump_dir else None,
                           partitioner=partitioner, devices=devices, device_map=device_map,
                           placer=placer, memory=memory,
                           pipeline=dict(pipeline) if pipeline is not None else None,
-                          cuda_graphs=cuda_graphs, trace=str(trace) if trace else None, mode=mode)
+                          cuda_graphs=cuda_graphs, trace=str(trace) if trace else None,
+                          strategy=strategy, mode=mode)

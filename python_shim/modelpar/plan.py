@@ -90,6 +90,17 @@ class Plan:
     #: pipelined steps dropped from the cache (compile_pipeline.MAX_BATCH_SIZES)
     pipeline_evictions: int = 0
     pipeline_mode: str | None = None
+    #: With ``strategy="auto"``: the StrategySearch of the last batch size
+    #: (modelpar/strategy.py) and of each batch size.
+    search: Any = None
+    search_batches: dict[int, Any] = field(default_factory=dict)
+    #: With ``pipeline`` or ``strategy="auto"``: the joined training step
+    #: graph the passes plan (symbolic batch; bench/strategy_search.py
+    #: measures every candidate on it).
+    step_graph: Any = None
+    #: With ``strategy="auto"``: the machine profile (JSON text) the last
+    #: search planned on (None: passes' default device).
+    search_machine: str | None = None
     pipeline_seconds: float = 0.0
     #: Measured wall time of each completed step (forward + backward
     #: executors, or the inference executor), microseconds, oldest first.
@@ -109,6 +120,13 @@ class Plan:
             return self.pipeline.step_time_us
         placed = [r.placement for r in self.graphs.values() if r.placement is not None]
         return sum(p.step_time_us for p in placed) if placed else None
+
+    @property
+    def candidates(self) -> list[dict[str, Any]] | None:
+        """With ``strategy="auto"``: the strategies searched for the last
+        batch size, one dict each (label, status, step_us, peak_bytes,
+        lower_bound_us, reason, chosen: the one that runs), else None."""
+        return None if self.search is None else self.search.candidates
 
     @property
     def measured_step_us(self) -> float | None:
@@ -315,6 +333,13 @@ class Plan:
             if self.trace_path:
                 lines.append(f"  traces: measured {self.trace_path}, simulated "
                              f"{self.simulated_trace_path}")
+        if self.search is not None:
+            chosen = self.search.candidates[self.search.chosen]
+            lines.append(f"  strategy: auto, chose {chosen['label']} (simulated "
+                         f"{chosen['step_us']:.1f} us) of {len(self.search.candidates)} "
+                         f"candidates in {self.search.seconds:.2f} s")
+            lines.append("  [search]")
+            lines.extend("    " + line for line in self.search.table().rstrip("\n").splitlines())
         if self.joint is not None:
             lines.append("  [joint]")
             lines.extend("    " + line for line in str(self.joint).rstrip("\n").splitlines())

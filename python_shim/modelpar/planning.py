@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -251,6 +252,20 @@ def profile_graph(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: in
     Raises:
         ExecutionError: the graph fails to run on the inputs.
     """
+    return profile_graph_gaps(graph, inputs, runs=runs, threads_per_device=threads_per_device)[0]
+
+
+def profile_graph_gaps(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: int = 5,
+                       threads_per_device: int = 1) -> tuple[Graph, float]:
+    """``profile_graph``, and the executor's time between ops per node: the
+    median run minus the nodes' medians (frees, argument lists), divided by
+    the nodes timed. Every op pays it, whatever its size, so it is part of
+    the per-op overhead (strategy="auto" adds it to the machine's
+    ``launch_overhead_us``: Note [The searched step] in step_search.py).
+
+    Raises:
+        ExecutionError: the graph fails to run on the inputs.
+    """
     _require_passes()
     from .executor import Executor
 
@@ -261,13 +276,18 @@ def profile_graph(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: in
     ex.run(list(args))
     node_of = _C.program_run_nodes(program)[0]
     samples: list[list[float]] = [[] for _ in range(graph.num_nodes)]
+    walls: list[float] = []
     for _ in range(max(1, runs)):
+        t0 = time.perf_counter_ns()
         ex.run(list(args))
+        walls.append((time.perf_counter_ns() - t0) / 1e3)
         for node, span in zip(node_of, ex.last_trace()["host"][0]):
             if node >= 0 and span is not None:
                 samples[node].append((span[1] - span[0]) / 1e3)
     times = [sorted(s)[len(s) // 2] if s else -1.0 for s in samples]
-    return _C.apply_profile(graph, times)
+    timed = [t for t in times if t >= 0]
+    gap = max(0.0, sorted(walls)[len(walls) // 2] - sum(timed)) / max(1, len(timed))
+    return _C.apply_profile(graph, times), gap
 
 
 @dataclass

@@ -403,8 +403,11 @@ def test_devices_and_placer_options() -> None:
         modelpar.resolve_options({"placer": "m-etf"})
 
 
-def test_modes() -> None:
+def test_modes(monkeypatch) -> None:
     assert modelpar.resolve_options(None, "default").mode == "default"
+    # One core: max-autotune's default of one device per core leaves nothing to
+    # search (more cores: test_strategy_search.py).
+    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 1)
     with pytest.warns(UserWarning, match="nothing to autotune"):
         assert modelpar.resolve_options(None, "max-autotune").mode == "max-autotune"
     o = modelpar.resolve_options(None, "reduce-overhead")  # CUDA graph replay
@@ -413,7 +416,8 @@ def test_modes() -> None:
         modelpar.resolve_options(None, "fast")
 
 
-def test_options_are_checked_before_tracing_through_torch_compile() -> None:
+def test_options_are_checked_before_tracing_through_torch_compile(monkeypatch) -> None:
+    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 1)  # see test_modes
     fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "placer": "x"})
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
         fast(torch.randn(2, 16))

@@ -34,7 +34,8 @@ from hypothesis import strategies as st
 import modelpar
 from modelpar import ConfigError, resolve_options
 from modelpar.option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, LOSS_REDUCTIONS,
-                                   MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS)
+                                   MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS,
+                                   STRATEGIES)
 from modelpar.options import VALID_MODES, pipeline_options
 
 _SCALE = int(os.environ.get("MODELPAR_PROPERTY_EXAMPLES", "0"))
@@ -48,7 +49,7 @@ def _settings(n: int) -> settings:
 
 
 KEYS = ("strict", "dump_dir", "partitioner", "devices", "device_map", "placer", "memory",
-        "pipeline", "cuda_graphs", "trace")
+        "pipeline", "cuda_graphs", "trace", "strategy")
 PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint", "portals", "batch_norm",
                  "allow_random", "loss_reduction")
 PIPELINE_DEFAULTS = pipeline_options({})
@@ -207,6 +208,9 @@ def good_options(draw: st.DrawFn) -> tuple[dict[str, Any], str | None]:
     for key, strategy in optional.items():
         if draw(st.booleans()):
             o[key] = draw(strategy)
+    # strategy="auto" searches the placers and pipelines itself: not with either given.
+    if o.get("placer") is None and o.get("pipeline") is None and draw(st.booleans()):
+        o["strategy"] = draw(one_of_names(STRATEGIES))
     mode = draw(st.sampled_from([None, *VALID_MODES]))
     return o, mode
 
@@ -237,6 +241,8 @@ def bad_options(draw: st.DrawFn) -> tuple[Any, Any]:
         o[what] = draw(not_a_name(PLACERS).filter(lambda v: v is not None))
     elif what == "memory":
         o[what] = draw(bad_memory)
+    elif what == "strategy":
+        o[what] = draw(not_a_name(STRATEGIES))
     elif what == "pipeline":
         o[what] = draw(bad_pipeline())
     elif what == "unknown":
@@ -268,7 +274,13 @@ def _resolve(options: Any, mode: Any) -> modelpar.CompileOptions:
 def test_every_valid_option_dict_resolves_to_its_values(case) -> None:
     options, mode = case
     o = _resolve(options, mode)
-    assert o.devices == options.get("devices", 1)
+    # torch.compile takes mode or options: max-autotune defaults to one device per core.
+    autotune = (mode or "").startswith("max-autotune")
+    devices = options.get("devices", min(os.cpu_count() or 1, MAX_DEVICES) if autotune else 1)
+    assert o.devices == devices
+    hand_picked = options.get("placer") is not None or options.get("pipeline") is not None
+    assert o.strategy == ("auto" if autotune and devices > 1 and not hand_picked
+                          else options.get("strategy", "manual"))
     assert o.placer == options.get("placer")
     assert o.memory == expected_bytes(options.get("memory"))
     assert o.strict == options.get("strict", False)

@@ -80,6 +80,17 @@ def test_every_partition_method_runs_exactly(partition: str, schedule: str) -> N
     assert_same(run_pipelined(plan, 10, seed=1), reference(10, seed=1))
 
 
+def test_madpipe_periodic_pattern_is_executed_and_exact() -> None:
+    """MadPipe puts stages 0 and 2 on device 0 here: its phase-2 pattern
+    orders that device (schedule's Note [Lowering the periodic pattern]) and
+    the program still computes the unsplit step."""
+    plan = modelpar.plan_pipeline(STEP, devices=2, microbatches=4, batch_size=16,
+                                  schedule="1f1b*", partition="madpipe")
+    assert plan.stage_device == [0, 1, 0]
+    assert "MadPipe's periodic pattern" in str(plan)
+    assert_same(run_pipelined(plan, 16, seed=2), reference(16, seed=2))
+
+
 def test_same_program_runs_new_inputs_every_step() -> None:
     plan = modelpar.plan_pipeline(STEP, devices=2, microbatches=8, batch_size=16, schedule="1f1b")
     ex = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)

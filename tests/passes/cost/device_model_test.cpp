@@ -51,6 +51,23 @@ TEST(DeviceModel, ProfileRoundTripsThroughJsonFile) {
   EXPECT_DOUBLE_EQ(back.link(1, 0).bandwidth, 1.2e10);
 }
 
+TEST(DeviceModel, StepOverheadRoundTripsAndIsOptionalInTheProfile) {
+  DeviceModel m = DeviceModel::uniform(2);
+  EXPECT_EQ(m.toJson().find("step_overhead_us"), std::string::npos);  // 0: not written
+  m.setStepOverheadUs(85.5);
+  DeviceModel back = DeviceModel::fromJson(m.toJson());
+  EXPECT_EQ(back, m);
+  EXPECT_DOUBLE_EQ(back.stepOverheadUs(), 85.5);
+  try {
+    m.setStepOverheadUs(-1);
+    FAIL();
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("step_overhead_us=-1 is not valid"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_DOUBLE_EQ(m.stepOverheadUs(), 85.5);  // unchanged by the refused value
+}
+
 TEST(DeviceModel, RejectsBadSpecsWithTheirNames) {
   DeviceSpec bad;
   bad.name = "tiny";

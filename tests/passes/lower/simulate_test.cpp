@@ -80,6 +80,19 @@ device 2 {
 }
 )";
 
+// The machine's fixed cost per step (waking the workers) is added once:
+// 38 us of the diamond + 20 us.
+TEST(Simulate, AddsTheMachinesStepOverheadOnce) {
+  ir::Graph g = ir::parseGraph(kDiamondNoLayers);
+  DeviceModel m = machine(2);
+  Placement pl = placeMEtf(g, m);
+  ir::Program p = lower(g, pl);
+  m.setStepOverheadUs(20.0);
+  SimulationReport r = simulate(p, m);
+  EXPECT_DOUBLE_EQ(r.step_time_us, 38.0 + 20.0);
+  EXPECT_DOUBLE_EQ(r.devices[0].idle_us, 8.0 + 20.0);
+}
+
 TEST(Simulate, SerialisesReceivesAtADevice) {
   ir::Program p = ir::parseProgram(kFanIn);
   SimulationReport r = simulate(p, machine(3), SimulateOptions{true});

@@ -106,6 +106,26 @@ TEST(Microbatch, MlpStepInTwoHasOneCopyPerMicrobatchAndCombinesAfter) {
   EXPECT_GT(pos("w1_new"), pos("dw1"));
 }
 
+// A profiled time of 10 us at batch 8 with 2 us of it per-op overhead: each
+// of 2 micro-batches of 4 pays the overhead whole and half the rest:
+// 2 + (10 - 2) * 4/8 = 6 us (without the overhead option: 10 * 4/8 = 5 us).
+TEST(Microbatch, ProfiledTimesKeepTheirPerOpOverheadPerMicrobatch) {
+  ir::Graph g = loadExample("mlp_step_symbolic.txt");
+  const std::string name = g.value(g.node(0).outputs[0]).name;
+  g.node(0).cost = ir::Cost{10.0, 64, 0, 0};
+  MicrobatchOptions o = opts(2, 8);
+  o.launch_overhead_us = 2.0;
+  ir::Graph out = microbatch(g, o);
+  for (const char* mb : {".mb0", ".mb1"}) {
+    std::optional<ir::ValueId> v = out.findValue(name + mb);
+    ASSERT_TRUE(v.has_value()) << name << mb;
+    EXPECT_DOUBLE_EQ(out.node(out.value(*v).producer).cost->time_us, 6.0);
+  }
+  ir::Graph plain = microbatch(g, opts(2, 8));
+  EXPECT_DOUBLE_EQ(plain.node(plain.value(*plain.findValue(name + ".mb0")).producer).cost->time_us,
+                   5.0);
+}
+
 TEST(Microbatch, UnevenSplitSlicesAndWeightsByMicrobatchSize) {
   // B = 10, m = 3 -> 4, 4, 2; a mean loss weighs them 0.4, 0.4, 0.2.
   ir::Graph out = microbatch(loadExample("mlp_step_symbolic.txt"), opts(3, 10));

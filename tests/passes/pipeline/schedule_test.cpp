@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 #include "ir/verifier.h"
 #include "passes/lower/lower.h"
 #include "passes/lower/simulate.h"
+#include "passes/pipeline/partition.h"
 #include "tests/passes/test_graphs.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
@@ -296,6 +298,98 @@ RandomStep randomStep(std::mt19937& rng, int n, int m) {
   }
   g.setOutputs(outs);
   return r;
+}
+
+// Stage s runs forward fwd[s] us and backward bwd[s] us per micro-batch
+// (chainText with per-stage times and no bytes to move).
+std::string stagesText(const std::vector<double>& fwd, const std::vector<double>& bwd, int m) {
+  auto cost = [](double t) { return fmt::format("cost={{time_us={:.1f}, out=4, temp=0, persist=0}}", t); };
+  const int n = static_cast<int>(fwd.size());
+  std::string s = "graph @stages(%x: f32[1] input) {\n";
+  for (int k = 0; k < m; ++k) {
+    for (int j = 0; j < n; ++j) {
+      std::string in = j == 0 ? "%x" : fmt::format("%f{}_{}", j - 1, k);
+      s += fmt::format("  %f{}_{}: f32[1] = aten::relu({}) {{layer=\"s{}\", phase=fwd, mb={}, {}}}\n",
+                       j, k, in, j, k, cost(fwd[static_cast<size_t>(j)]));
+    }
+    for (int j = n - 1; j >= 0; --j) {
+      std::string gin = j == n - 1 ? fmt::format("%f{}_{}", j, k) : fmt::format("%b{}_{}", j + 1, k);
+      s += fmt::format(
+          "  %b{}_{}: f32[1] = aten::threshold_backward({}, %f{}_{}, 0) {{layer=\"s{}\", phase=bwd, mb={}, {}}}\n",
+          j, k, gin, j, k, j, k, cost(bwd[static_cast<size_t>(j)]));
+    }
+  }
+  return s + "  return\n}\n";
+}
+
+// MadPipe's phase 2, executed (Note [Lowering the periodic pattern]): the plan
+// of partition_test's SchedulesTheSpecialDeviceAndRespectsMemory puts stages
+// 0 and 2 on device 0 (F0, B0, F2, B2: 1 us each, 4 us a period) and stage 1
+// on device 1 (F 1 us + B 3 us = 4 us). The ILP's pattern has period T = 4
+// us: both devices are busy all the time. Lowered with the pattern, the
+// simulated step grows by exactly T per micro-batch: its period is the ILP's.
+TEST(PipelineSchedule, LoweredPeriodicPatternRunsAtTheIlpsPeriod) {
+  const std::vector<double> fwd{1, 1, 1}, bwd{1, 3, 1};
+  LayerChain c;
+  for (size_t i = 0; i < fwd.size(); ++i) {
+    ChainLayer l;
+    l.name = fmt::format("s{}", i);
+    l.fwd_us = fwd[i];
+    l.bwd_us = bwd[i];
+    l.stored_bytes = 10;
+    c.layers.push_back(l);
+  }
+  StagePartition plan;
+  plan.stage_begin = {0, 1, 2};
+  plan.stage_device = {0, 1, 0};
+  PartitionOptions po;
+  po.devices = 2;
+  po.memory_bytes = int64_t{1} << 40;
+  po.bandwidth_bytes_per_s = 1e6;
+  po.latency_us = 0;
+  po.microbatches = 1000;
+  std::optional<PeriodicPattern> pat = periodicPatternIlp(c, plan, po, 4.0);
+  ASSERT_TRUE(pat.has_value());
+  auto stepUs = [&](int m, bool with_pattern) {
+    ir::Graph g = ir::parseGraph(stagesText(fwd, bwd, m));
+    PipelineScheduleOptions o = optionsFor(g, "1f1b*", pat->stage_activations);
+    o.device_of_stage = {0, 1, 0};
+    if (with_pattern) {
+      o.pattern = PatternTimes{pat->period_us, pat->fwd_start_us, pat->bwd_start_us,
+                               pat->fwd_shift, pat->bwd_shift};
+    }
+    ir::Program prog = lower(g, schedulePipeline(g, o));
+    ir::verify(prog);
+    return simulate(prog, freeLinks(2)).step_time_us;
+  };
+  const double period = (stepUs(24, true) - stepUs(12, true)) / 12;
+  EXPECT_NEAR(period, pat->period_us, 1e-6);
+  EXPECT_NEAR(period, 4.0, 1e-6);
+  // Interleaved by the clock instead, device 0's stages do not keep that period.
+  const double clock_period = (stepUs(24, false) - stepUs(12, false)) / 12;
+  EXPECT_GT(clock_period, 4.0 + 1e-6) << clock_period;
+}
+
+TEST(PipelineSchedule, RejectsAPatternForAnotherScheduleOrOfTheWrongSize) {
+  ir::Graph g = ir::parseGraph(stagesText({1, 1}, {1, 1}, 2));
+  PipelineScheduleOptions o = optionsFor(g, "1f1b", {});
+  o.pattern = PatternTimes{4.0, {0, 1}, {2, 3}, {0, 0}, {0, 0}};
+  EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }),
+             "a periodic pattern is MadPipe's 1F1B* schedule");
+  o.kind = "1f1b*";
+  o.in_flight = {1, 1};
+  o.pattern->fwd_shift = {0};
+  EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }),
+             "a start and shift per stage for each of the 2 stages");
+  // A stage's backward before its forward: the clock finds the stage blocked.
+  o.pattern = PatternTimes{4.0, {0, 3}, {2, 1}, {0, 0}, {0, 0}};
+  EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }),
+             "the stage orders contradict the graph's dependencies");
+  // Each stage in order, but stage 1's forward (at 0) before stage 0's (at 2),
+  // which it reads: the pattern does not fit the graph.
+  o.pattern = PatternTimes{4.0, {2, 0}, {3.5, 1}, {0, 0}, {0, 0}};
+  EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }),
+             "the periodic pattern starts F0 of stage 1 before F0 of stage 0");
 }
 
 TEST(PipelineSchedule, RandomPipelinesVerifyAndNeverDeadlock) {

@@ -1,0 +1,202 @@
+"""Does strategy="auto" choose well, and does the simulator rank the
+strategies as the machine does? (issue 17's proof; results in bench/RESULTS.md)
+
+    PYTHONPATH=build/python .venv/bin/python bench/strategy_search.py \
+        [--models mlp,cnn,unet,gpt,inception,looped] [--devices 2] [--runs 15]
+
+Per model of tests/python/models.py, at 4x its test batch:
+
+1. ``torch.compile(..., options={"devices": N, "strategy": "auto"})`` runs
+   one training step: the step graph is joined, its nodes are timed on a CPU
+   worker, and the search runs on this CPU's calibrated profile
+   (modelpar/cpu_profile.py) with the step's measured per-op overhead; its
+   time is reported (``search``, candidates planned in parentheses).
+2. Every candidate of the search, without pruning, is planned again and its
+   Program run on N CPU worker devices (``Executor``, one thread each) on
+   inputs of the step graph's types; the measured step is the median of
+   ``--runs`` runs after 3 warm-ups.
+3. Reported per model: the chosen candidate's measured step against the best
+   measured candidate (goal: within 5 %), and the simulator's fidelity over
+   the candidates that ran: Spearman's rank correlation of simulated and
+   measured steps (goal >= 0.95) and the mean absolute relative error
+   |simulated - measured| / measured (goal <= 10 %).
+
+``--json out.json`` writes every candidate's numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import modelpar
+from modelpar.cpu_profile import cpu_profile_path
+from modelpar.planning import example_inputs
+from modelpar.strategy import search_strategy
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
+from models import CASES  # noqa: E402
+
+
+def capture(name: str, devices: int, batch: int):
+    """The joined step graph of one model and the search torch.compile ran."""
+    case = CASES[name]
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    model = case.make_model()
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": devices, "strategy": "auto", "strict": True})
+    x, y = case.batch(0, batch)
+    t0 = time.perf_counter()
+    fast(x, y).backward()
+    first_call = time.perf_counter() - t0
+    rec = modelpar.plans()[-1]
+    return rec.step_graph, rec.search, rec.search_machine, first_call
+
+
+def step_inputs(graph, batch: int) -> list:
+    """Inputs of the step graph's types at this batch: the batch symbol and
+    the int inputs that carry it (``s0``, ``s0_1``) are ``batch``."""
+    specs = modelpar._C.graph_input_specs(graph)
+    symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]
+               if isinstance(d, str)}
+    sizes = {sym: batch for sym in symbols}
+    for s in specs:
+        if s["kind"] == "int" and any(s["name"] == sym or s["name"].startswith(sym + "_")
+                                      for sym in symbols):
+            sizes[s["name"]] = batch
+    return example_inputs(graph, sizes)
+
+
+def plan_of(graph, c: dict, devices: int, batch: int, machine: str | None):
+    """The plan of one candidate, planned alone."""
+    kind = c["kind"]
+    s = search_strategy(graph, devices, batch, machine=machine, prune=False,
+                        one_device=kind == "one-device", placements=kind == "placement",
+                        pipelines=kind == "pipeline",
+                        placers=[c["placer"]] if kind == "placement" else (),
+                        schedules=[c["schedule"]] if kind == "pipeline" else (),
+                        partitions=[c["partition"]] if kind == "pipeline" else (),
+                        checkpoints=[c["checkpoint"]] if kind == "pipeline" else (),
+                        microbatches=[c["microbatches"]] if kind == "pipeline" else (),
+                        batch_norm="deferred")
+    return s.pipeline if s.pipeline is not None else s.placement
+
+
+def measure(program, inputs: list, runs: int) -> float:
+    ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
+    for _ in range(3):
+        ex.run(list(inputs))
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter_ns()
+        ex.run(list(inputs))
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
+
+
+def ranks(xs: list[float]) -> list[float]:
+    """Ranks 1..n, ties get their average rank."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    va = sum((x - ma) ** 2 for x in ra) ** 0.5
+    vb = sum((y - mb) ** 2 for y in rb) ** 0.5
+    return cov / (va * vb) if va and vb else float("nan")
+
+
+def bench_model(name: str, devices: int, runs: int) -> dict:
+    batch = CASES[name].batch_size * 4
+    graph, search, machine_text, first_call = capture(name, devices, batch)
+    # The machine the search planned on: the CPU profile with the step's
+    # measured per-op overhead (Note [The searched step]).
+    machine = None
+    if machine_text is not None:
+        machine = os.path.join(tempfile.mkdtemp(), f"{name}.json")
+        Path(machine).write_text(machine_text)
+    chosen_label = search.candidates[search.chosen]["label"]
+    full = search_strategy(graph, devices, batch, machine=machine, prune=False,
+                           batch_norm="deferred")
+    inputs = step_inputs(graph, batch)
+    rows = []
+    for c in full.candidates:
+        if c["status"] != "ok":
+            continue
+        plan = plan_of(graph, c, devices, batch, machine)
+        rows.append({"label": c["label"], "simulated_us": c["step_us"],
+                     "measured_us": measure(plan.program, inputs, runs),
+                     "peak_bytes": c["peak_bytes"]})
+    sim = [r["simulated_us"] for r in rows]
+    meas = [r["measured_us"] for r in rows]
+    best = min(rows, key=lambda r: r["measured_us"])
+    chosen = next(r for r in rows if r["label"] == chosen_label)
+    return {"model": name, "batch": batch, "nodes": graph.num_nodes,
+            "candidates": len(full.candidates), "ran": len(rows),
+            "search_s": search.seconds, "search_planned": sum(
+                c["status"] != "pruned" for c in search.candidates),
+            "first_call_s": first_call, "chosen": chosen_label,
+            "chosen_us": chosen["measured_us"], "chosen_sim_us": chosen["simulated_us"],
+            "best": best["label"], "best_us": best["measured_us"],
+            "chosen_over_best": chosen["measured_us"] / best["measured_us"],
+            "spearman": spearman(sim, meas),
+            "mae": statistics.fmean(abs(s - m) / m for s, m in zip(sim, meas)),
+            "rows": rows}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,cnn,unet,gpt,inception,looped")
+    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    machine = cpu_profile_path(1)
+    prof = json.loads(Path(machine).read_text()) if machine else {}
+    print(f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
+          f"{os.cpu_count()} cores, torch {torch.__version__}, profile "
+          f"{json.dumps(prof.get('calibration', {}))}")
+    print("| model | batch | candidates | ran | search (planned) | chosen | chosen meas. | "
+          "best measured | chosen/best | Spearman | MAE |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    results = []
+    for name in args.models.split(","):
+        r = bench_model(name, args.devices, args.runs)
+        results.append(r)
+        print(f"| {name} | {r['batch']} | {r['candidates']} | {r['ran']} | "
+              f"{r['search_s'] * 1e3:.0f} ms ({r['search_planned']}) | {r['chosen']} | "
+              f"{r['chosen_us']:.0f} us | {r['best']}: {r['best_us']:.0f} us | "
+              f"{r['chosen_over_best']:.3f} | {r['spearman']:.3f} | {r['mae'] * 100:.0f} % |",
+              flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,290 @@
+// Pass `strategy-search` (strategy_search.h): enumerate, bound, plan and
+// simulate, keep the fastest that fits.
+#include "passes/search/strategy_search.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <numeric>
+
+#include "ir/check.h"
+#include "ir/error.h"
+#include "passes/cost/cost_model.h"
+#include "passes/option_names.h"
+#include "passes/pipeline/batch_symbol.h"
+
+namespace modelpar::passes {
+namespace {
+
+std::vector<std::string> orAll(const std::vector<std::string>& given,
+                               std::span<const std::string_view> all, std::string_view option) {
+  for (const std::string& v : given) checkOneOf(kStrategySearchId, option, v, all);
+  if (!given.empty()) return given;
+  return {all.begin(), all.end()};
+}
+
+double secondsSince(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+int64_t peakOf(const SimulationReport& r) {
+  int64_t peak = 0;
+  for (const DeviceReport& d : r.devices) peak = std::max(peak, d.peak_bytes);
+  return peak;
+}
+
+StrategyCandidate candidate(std::string kind) {
+  StrategyCandidate c;
+  c.kind = std::move(kind);
+  return c;
+}
+
+// 1. The candidates in enumeration order (strategy_search.h).
+std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t batch,
+                                         bool batched) {
+  std::vector<StrategyCandidate> out;
+  if (o.one_device) out.push_back(candidate("one-device"));
+  if (o.placements && o.devices >= 2) {
+    for (const std::string& p : orAll(o.placers, kPlacerNames, "placer")) {
+      StrategyCandidate c = candidate("placement");
+      c.placer = p;
+      out.push_back(std::move(c));
+    }
+  }
+  if (!o.pipelines || o.devices < 2 || !batched) return out;
+  std::vector<int> ms = o.microbatches;
+  if (ms.empty()) {
+    for (int64_t m = o.devices; m <= batch; m *= 2) ms.push_back(static_cast<int>(m));
+  }
+  for (int m : ms) {
+    MP_CHECK(m >= 1 && m <= batch, ConfigError,
+             "modelpar {}: microbatches={} is not valid for batch size {}; give 1 to {}",
+             kStrategySearchId, m, batch, batch);
+  }
+  const auto partitions = orAll(o.partitions, kPartitionMethodNames, "partition");
+  const auto checkpoints = orAll(o.checkpoints, kCheckpointModeNames, "checkpoint");
+  for (const std::string& s : orAll(o.schedules, kPipelineScheduleNames, "schedule")) {
+    for (int m : ms) {
+      for (const std::string& part : partitions) {
+        if (part == "madpipe" && s != "1f1b*") continue;  // MadPipe's stages need its schedule
+        for (const std::string& ck : checkpoints) {
+          StrategyCandidate c = candidate("pipeline");
+          c.schedule = s;
+          c.partition = part;
+          c.checkpoint = ck;
+          c.microbatches = m;
+          out.push_back(std::move(c));
+        }
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string_view toString(CandidateStatus s) {
+  switch (s) {
+    case CandidateStatus::Ok: return "ok";
+    case CandidateStatus::DoesNotFit: return "does not fit";
+    case CandidateStatus::Failed: return "failed";
+    case CandidateStatus::Pruned: return "pruned";
+  }
+  return "?";
+}
+
+std::string StrategyCandidate::label() const {
+  if (kind == "placement") return "placement " + placer;
+  if (kind == "pipeline" && schedule.empty()) return "pipelines";
+  if (kind == "pipeline") {
+    return fmt::format("pipeline {} m={} {} checkpoint={}", schedule, microbatches, partition,
+                       checkpoint);
+  }
+  return kind;
+}
+
+const StrategyCandidate& StrategySearch::chosenCandidate() const {
+  MP_INTERNAL_ASSERT(chosen >= 0 && chosen < static_cast<int>(candidates.size()),
+                     "strategy-search: no chosen candidate");
+  return candidates[static_cast<size_t>(chosen)];
+}
+
+int StrategySearch::count(CandidateStatus s) const {
+  return static_cast<int>(std::count_if(candidates.begin(), candidates.end(),
+                                        [&](const StrategyCandidate& c) { return c.status == s; }));
+}
+
+std::string StrategySearch::table() const {
+  std::string out = fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}\n", "", "candidate",
+                                "step", "peak memory", "lower bound", "status");
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    const StrategyCandidate& c = candidates[i];
+    bool ok = c.status == CandidateStatus::Ok;
+    out += fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}{}{}\n",
+                       static_cast<int>(i) == chosen ? "*" : "", c.label(),
+                       ok ? formatMicros(c.step_us) : "-", ok ? formatBytes(c.peak_bytes) : "-",
+                       formatMicros(c.lower_bound_us), toString(c.status),
+                       c.reason.empty() ? "" : ": ", c.reason);
+  }
+  out += fmt::format("search: {} candidates, {} simulated, {} pruned by bound, {} dropped, {:.3f} s\n",
+                     candidates.size(), count(CandidateStatus::Ok),
+                     count(CandidateStatus::Pruned),
+                     count(CandidateStatus::DoesNotFit) + count(CandidateStatus::Failed), seconds);
+  return out;
+}
+
+StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  checkDevices(kStrategySearchId, o.devices);
+  MP_CHECK(o.batch_size && *o.batch_size >= 1, ConfigError,
+           "modelpar {}: batch_size is required (an int >= 1): the search costs the step at the "
+           "real batch size",
+           kStrategySearchId);
+  const int64_t batch = *o.batch_size;
+
+  // The batch symbol, for the costs at size B; without one there are no pipelines.
+  std::string symbol, no_pipeline_reason;
+  try {
+    symbol = findBatchSymbol(step, o.microbatch.batch_symbol, o.microbatch.batch_dims).symbol;
+  } catch (const ConfigError& e) {
+    no_pipeline_reason = e.what();
+  }
+  PlacementOptions base;
+  base.devices = o.devices;
+  base.machine = o.machine;
+  base.memory_bytes = o.memory_bytes;
+  base.msct_lp_time_limit_s = o.msct_lp_time_limit_s;
+  base.dump_dir = "";
+  if (!symbol.empty()) base.cost_options.symbol_sizes[symbol] = batch;
+  const DeviceModel machine = planMachine(base);  // checks devices, memory and machine
+
+  StrategySearch result;
+  result.candidates = enumerate(o, batch, !symbol.empty());
+  if (o.pipelines && o.devices >= 2 && symbol.empty()) {  // say why there are none
+    StrategyCandidate c = candidate("pipeline");
+    c.status = CandidateStatus::Failed;
+    c.reason = no_pipeline_reason;
+    result.candidates.push_back(std::move(c));
+  }
+  MP_CHECK(!result.candidates.empty(), ConfigError,
+           "modelpar {}: no candidate to search (one_device, placements and pipelines are all "
+           "off, or pipelines only with devices={})",
+           kStrategySearchId, o.devices);
+
+  // 2. The bound (Note [A lower bound per candidate]).
+  ir::Graph costed = step;
+  estimateCosts(costed, machine, base.cost_options);
+  double t1 = 0, launch = std::numeric_limits<double>::infinity();
+  for (const DeviceSpec& d : machine.devices()) launch = std::min(launch, d.launch_overhead_us);
+  // L counts the nodes each micro-batch repeats: those that read or write a
+  // value of the batch's size (a weight's transpose runs once).
+  auto batched = [&](ir::ValueId v) {
+    for (const ir::Dim& d : costed.value(v).type.shape) {
+      if (!symbol.empty() && dimMentions(d, symbol)) return true;
+    }
+    return false;
+  };
+  double per_mb = 0;
+  for (size_t n = 0; n < costed.numNodes(); ++n) {
+    const ir::Node& node = costed.node(static_cast<ir::NodeId>(n));
+    t1 += node.cost->time_us;
+    std::vector<ir::ValueId> touched = node.inputs();
+    touched.insert(touched.end(), node.outputs.begin(), node.outputs.end());
+    if (std::any_of(touched.begin(), touched.end(), batched)) {
+      per_mb += std::min(launch, node.cost->time_us);
+    }
+  }
+  result.t1_us = t1;
+  for (StrategyCandidate& c : result.candidates) {
+    if (c.status == CandidateStatus::Failed) continue;
+    int n = c.kind == "one-device" ? 1 : o.devices;
+    int m = c.kind == "pipeline" ? c.microbatches : 1;
+    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs();
+  }
+
+  // 3. Plan and simulate in order of bound; stop when the bound cannot win.
+  std::vector<size_t> order(result.candidates.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return result.candidates[a].lower_bound_us < result.candidates[b].lower_bound_us;
+  });
+  double best = std::numeric_limits<double>::infinity();
+  for (size_t i : order) {
+    StrategyCandidate& c = result.candidates[i];
+    if (c.status == CandidateStatus::Failed) continue;  // decided before planning
+    if (o.prune && c.lower_bound_us > best) {
+      c.reason = fmt::format("bound {} > best {}", formatMicros(c.lower_bound_us),
+                             formatMicros(best));
+      continue;
+    }
+    const auto c0 = std::chrono::steady_clock::now();
+    std::optional<PlacementPlan> placement;
+    std::optional<PipelinePlan> pipeline;
+    try {
+      if (c.kind == "pipeline") {
+        PipelinePlanOptions po;
+        po.devices = o.devices;
+        po.microbatches = c.microbatches;
+        po.batch_size = batch;
+        po.microbatch = o.microbatch;
+        po.schedule = c.schedule;
+        po.partition = c.partition;
+        po.checkpoint = c.checkpoint;
+        po.portals = o.portals;
+        po.machine = o.machine;
+        po.memory_bytes = o.memory_bytes;
+        po.dump_dir = "";
+        po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
+        pipeline = planPipeline(step, po);
+        c.step_us = pipeline->stepTimeUs();
+        c.peak_bytes = peakOf(pipeline->simulation);
+      } else {
+        PlacementOptions po = base;
+        if (c.kind == "one-device") {
+          po.devices = 1;
+          // Device 0's capacity (a per-device list keeps its first entry).
+          if (po.memory_bytes.size() > 1) po.memory_bytes = {o.memory_bytes.front()};
+        } else {
+          po.placer = c.placer;
+        }
+        placement = planPlacement(step, po);
+        c.step_us = placement->stepTimeUs();
+        c.peak_bytes = peakOf(placement->simulation);
+      }
+      c.status = CandidateStatus::Ok;
+    } catch (const PlanDoesNotFitError& e) {
+      c.status = CandidateStatus::DoesNotFit;
+      c.reason = e.what();
+    } catch (const InternalError&) {
+      throw;  // a planner's bug is not a property of the candidate
+    } catch (const Error& e) {
+      c.status = CandidateStatus::Failed;
+      c.reason = e.what();
+    }
+    c.plan_seconds = secondsSince(c0);
+    // Ties: the earlier candidate in enumeration order (the simpler plan) wins.
+    if (c.status == CandidateStatus::Ok &&
+        (c.step_us < best || (c.step_us == best && static_cast<int>(i) < result.chosen))) {
+      best = c.step_us;
+      result.chosen = static_cast<int>(i);
+      result.placement = std::move(placement);
+      result.pipeline = std::move(pipeline);
+    }
+  }
+  result.seconds = secondsSince(t0);
+  if (result.chosen < 0) {
+    std::string reasons;
+    for (const StrategyCandidate& c : result.candidates) {
+      if (c.status == CandidateStatus::DoesNotFit || c.status == CandidateStatus::Failed) {
+        reasons += fmt::format("\n  {}: {}", c.label(), c.reason);
+      }
+    }
+    MP_THROW(PlanDoesNotFitError,
+             "modelpar {}: none of the {} candidates on {} devices fits and runs; use more "
+             "devices or more memory per device. Candidates:{}",
+             kStrategySearchId, result.candidates.size(), o.devices, reasons);
+  }
+  return result;
+}
+
+}  // namespace modelpar::passes

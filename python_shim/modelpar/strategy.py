@@ -1,0 +1,78 @@
+"""Choosing the plan automatically: ``search_strategy`` plans and simulates
+every candidate strategy for a training step (passes/search/strategy_search.h)
+and keeps the fastest that fits. torch.compile's ``strategy="auto"`` (and
+``mode="max-autotune"``) and ``python -m modelpar plan --strategy auto`` use it.
+
+Example::
+
+    s = modelpar.search_strategy("examples/ir/skip_step_symbolic.txt", devices=2, batch_size=64)
+    print(s)                          # every candidate: step, peak memory, bound, status
+    best = s.candidates[s.chosen]     # {"label": "pipeline 1f1b m=4 ...", "step_us": ...}
+    plan = s.pipeline or s.placement  # the chosen plan; plan.program runs on Executor
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from . import _C
+from .errors import ConfigError
+from .ir import Graph, load_graph
+from .option_names import STRATEGIES, check_devices, check_one_of
+
+__all__ = ["STRATEGIES", "StrategySearch", "search_strategy"]
+
+StrategySearch = getattr(_C, "StrategySearch", None)
+
+
+def _names(option: str, values: Sequence[str]) -> list[str]:
+    if isinstance(values, str):
+        values = [values]
+    for v in values:
+        check_one_of("strategy-search", option, v)
+    return [str(v) for v in values]
+
+
+def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_size: int, *,
+                    machine: str | os.PathLike[str] | None = None, memory: Any = None,
+                    loss_reduction: str = "auto", allow_random: bool = False,
+                    batch_norm: str = "refuse", portals: bool = True,
+                    placers: Sequence[str] = (), schedules: Sequence[str] = (),
+                    partitions: Sequence[str] = (), checkpoints: Sequence[str] = (),
+                    microbatches: Sequence[int] = (), one_device: bool = True,
+                    placements: bool = True, pipelines: bool = True, prune: bool = True,
+                    lp_time_limit_s: float = 5.0) -> Any:
+    """Searches the strategies for ``graph`` on ``devices`` devices at batch
+    size ``batch_size``: the one-device plan, each placer, and pipelines over
+    schedules x micro-batches {N, 2N, 4N, ...} x partition methods x
+    checkpoint modes (empty lists: every valid value). Candidates are planned
+    in order of a lower bound and those that cannot beat the best found are
+    skipped (``prune``).
+
+    Returns:
+        A ``StrategySearch``: ``candidates`` (dicts with label, status,
+        step_us, peak_bytes, lower_bound_us, reason, chosen), ``chosen``,
+        ``seconds``, ``placement`` / ``pipeline`` (the chosen plan), ``table()``.
+
+    Raises:
+        ConfigError: a bad option, named with its valid values.
+        PlanDoesNotFitError: no candidate fits (lists each one's reason).
+        ParseError, InvalidIrError, OSError: an unreadable or invalid graph.
+    """
+    from .planning import _memory_list, _require_passes
+    _require_passes()
+    if not isinstance(graph, Graph):
+        graph = load_graph(graph)
+    check_devices("strategy-search", devices)
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"modelpar strategy-search: batch_size={batch_size!r} is not valid; "
+                          "batch_size takes an int >= 1 (the step is costed at it)")
+    ms = [int(m) for m in microbatches]
+    return _C.search_strategy(
+        graph, devices, batch_size, None if machine is None else os.fspath(machine),
+        _memory_list(memory), loss_reduction, bool(allow_random), batch_norm, bool(portals),
+        _names("placer", placers), _names("schedule", schedules),
+        _names("partition", partitions), _names("checkpoint", checkpoints), ms,
+        bool(one_device), bool(placements), bool(pipelines), bool(prune), float(lp_time_limit_s))

@@ -1,0 +1,178 @@
+// searchStrategy(): the chosen candidate is the simulator's minimum, the
+// bounds and times are the hand-computed ones, pruning skips only what
+// cannot win, and a step that fits nowhere is an error naming why.
+#include "passes/search/strategy_search.h"
+
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+
+#include "ir/error.h"
+#include "ir/parser.h"
+#include "tests/support/expect_error.h"
+#include "tests/support/read_file.h"
+
+namespace modelpar::passes {
+namespace {
+
+using testing::messageOf;
+
+// Two independent layers with profiled costs (kept by pass `cost`):
+//
+//   %x ──relu (a, 100 us)──► %ra
+//   %y ──relu (b, 100 us)──► %rb
+//
+// One device: 100 + 100 = 200 us. Two devices: a and b side by side, 100 us
+// (graph inputs live on their reader's device: no transfer). The step has
+// no loss, so there are no pipeline candidates.
+constexpr const char* kTwoBranches = R"(
+graph @two(%x: f32[B, 4] input, %y: f32[B, 4] input) {
+  %ra: f32[B, 4] = aten::relu(%x) {layer="a", phase=fwd, cost={time_us=100, out=64, temp=0, persist=0}}
+  %rb: f32[B, 4] = aten::relu(%y) {layer="b", phase=fwd, cost={time_us=100, out=64, temp=0, persist=0}}
+  return %ra, %rb
+}
+)";
+
+StrategySearchOptions twoDevices(int64_t batch = 4) {
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = batch;
+  o.pipelines = false;
+  return o;
+}
+
+TEST(StrategySearch, BoundsAndTimesMatchHandComputationOnTwoBranches) {
+  ir::Graph g = ir::parseGraph(kTwoBranches);
+  StrategySearchOptions o = twoDevices();
+  o.prune = false;
+  StrategySearch s = searchStrategy(g, o);
+  ASSERT_EQ(s.candidates.size(), 4u);  // one-device, m-topo, m-etf, m-sct
+  // T1 = 200 us; bound = T1 / n with m = 1 (Note [A lower bound per candidate]).
+  EXPECT_DOUBLE_EQ(s.t1_us, 200.0);
+  EXPECT_EQ(s.candidates[0].label(), "one-device");
+  EXPECT_DOUBLE_EQ(s.candidates[0].lower_bound_us, 200.0);
+  EXPECT_DOUBLE_EQ(s.candidates[0].step_us, 200.0);
+  for (size_t i = 1; i < 4; ++i) {
+    SCOPED_TRACE(s.candidates[i].label());
+    EXPECT_EQ(s.candidates[i].status, CandidateStatus::Ok);
+    EXPECT_DOUBLE_EQ(s.candidates[i].lower_bound_us, 100.0);
+  }
+  // m-ETF runs the two layers side by side: 100 us.
+  EXPECT_DOUBLE_EQ(s.candidates[2].step_us, 100.0);
+}
+
+TEST(StrategySearch, ChoosesTheSimulatorsMinimumAndPrunesWhatCannotBeatIt) {
+  ir::Graph g = ir::parseGraph(kTwoBranches);
+  StrategySearch s = searchStrategy(g, twoDevices());
+  double best = std::numeric_limits<double>::infinity();
+  for (const StrategyCandidate& c : s.candidates) {
+    if (c.status == CandidateStatus::Ok) best = std::min(best, c.step_us);
+  }
+  EXPECT_DOUBLE_EQ(s.chosenCandidate().step_us, best);
+  EXPECT_DOUBLE_EQ(best, 100.0);
+  ASSERT_TRUE(s.placement.has_value());
+  EXPECT_FALSE(s.pipeline.has_value());
+  EXPECT_DOUBLE_EQ(s.placement->stepTimeUs(), 100.0);
+  // The one-device bound (200 us) exceeds the best step (100 us): pruned.
+  EXPECT_EQ(s.candidates[0].status, CandidateStatus::Pruned);
+  EXPECT_NE(s.candidates[0].reason.find("bound 200 us"), std::string::npos) << s.candidates[0].reason;
+  EXPECT_NE(s.table().find("* "), std::string::npos) << s.table();
+}
+
+TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCheckpoints) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = 8;
+  o.prune = false;
+  StrategySearch s = searchStrategy(step, o);
+  // 1 + 3 placers + m in {2, 4, 8} x (gpipe, 1f1b: 3 partitions; 1f1b*: 4) x 3 checkpoints.
+  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u + 3u + 4u) * 3u);
+  double best = std::numeric_limits<double>::infinity();
+  int pipelines_ok = 0;
+  for (const StrategyCandidate& c : s.candidates) {
+    SCOPED_TRACE(c.label() + ": " + c.reason);
+    EXPECT_NE(c.status, CandidateStatus::Pruned);
+    if (c.status != CandidateStatus::Ok) continue;
+    best = std::min(best, c.step_us);
+    EXPECT_GE(c.step_us, c.lower_bound_us * (1 - 1e-9));  // the bound is a bound
+    pipelines_ok += c.kind == "pipeline";
+    EXPECT_GT(c.peak_bytes, 0);
+  }
+  EXPECT_GT(pipelines_ok, 0);
+  EXPECT_DOUBLE_EQ(s.chosenCandidate().step_us, best);
+  const double chosen_plan_us =
+      s.pipeline ? s.pipeline->stepTimeUs() : s.placement->stepTimeUs();
+  EXPECT_DOUBLE_EQ(chosen_plan_us, best);
+
+  // Pruning changes what is planned, never what is chosen.
+  o.prune = true;
+  StrategySearch pruned = searchStrategy(step, o);
+  EXPECT_EQ(pruned.chosen, s.chosen);
+  EXPECT_DOUBLE_EQ(pruned.chosenCandidate().step_us, best);
+}
+
+TEST(StrategySearch, CandidatesOverMemoryAreDroppedAndNoneFittingIsAnError) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = 8;
+  o.memory_bytes = {64};  // less than one weight matrix
+  try {
+    searchStrategy(step, o);
+    FAIL() << "expected PlanDoesNotFitError";
+  } catch (const PlanDoesNotFitError& e) {
+    std::string m = e.what();
+    EXPECT_NE(m.find("none of the"), std::string::npos) << m;
+    EXPECT_NE(m.find("one-device:"), std::string::npos) << m;
+    EXPECT_NE(m.find("more memory"), std::string::npos) << m;
+  }
+}
+
+// A step with a static batch cannot be micro-batched: one "pipelines" row
+// says why, the placements are searched as usual.
+TEST(StrategySearch, AStaticBatchListsWhyThereAreNoPipelines) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @static(%x: f32[4, 4] input, %y: f32[4, 4] input) {
+  %ra: f32[4, 4] = aten::relu(%x) {layer="a", phase=fwd}
+  %rb: f32[4, 4] = aten::relu(%y) {layer="b", phase=fwd}
+  return %ra, %rb
+}
+)");
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = 4;
+  StrategySearch s = searchStrategy(g, o);
+  ASSERT_EQ(s.candidates.size(), 5u);  // one-device, 3 placers, the pipelines row
+  EXPECT_EQ(s.candidates.back().label(), "pipelines");
+  EXPECT_EQ(s.candidates.back().status, CandidateStatus::Failed);
+  EXPECT_NE(s.candidates.back().reason.find("static"), std::string::npos)
+      << s.candidates.back().reason;
+  EXPECT_NE(s.chosenCandidate().kind, "pipeline");
+}
+
+TEST(StrategySearch, RejectsBadOptionsBeforePlanning) {
+  ir::Graph g = ir::parseGraph(kTwoBranches);
+  StrategySearchOptions o = twoDevices();
+  o.batch_size.reset();
+  EXPECT_NE(messageOf<ConfigError>([&] { searchStrategy(g, o); }).find("batch_size is required"),
+            std::string::npos);
+  o = twoDevices();
+  o.devices = 0;
+  EXPECT_NE(messageOf<ConfigError>([&] { searchStrategy(g, o); }).find("devices=0"),
+            std::string::npos);
+  o = twoDevices();
+  o.placers = {"m-best"};
+  EXPECT_NE(messageOf<ConfigError>([&] { searchStrategy(g, o); }).find("placer='m-best'"),
+            std::string::npos);
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  o = twoDevices(8);
+  o.pipelines = true;
+  o.microbatches = {16};
+  EXPECT_NE(messageOf<ConfigError>([&] { searchStrategy(step, o); }).find("microbatches=16"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace modelpar::passes

@@ -1,0 +1,124 @@
+"""The CPU machine profile (modelpar/cpu_profile.py): calibrated once with a
+progress bar, cached under $XDG_CACHE_HOME/modelpar keyed by CPU model and
+thread count, overridden or turned off by $MODELPAR_CPU_PROFILE, and used by
+torch.compile's plans for CPU worker devices (joint placement and pipelines)
+instead of passes' GPU-like default device."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+import modelpar
+from modelpar import cpu_profile
+from modelpar.errors import ConfigError
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MODELPAR_CPU_PROFILE", raising=False)
+    return tmp_path / "modelpar"
+
+
+def test_calibrates_once_with_a_progress_bar_then_reads_the_cache(cache, capsys):
+    path = cpu_profile.cpu_profile_path(1)
+    err = capsys.readouterr().err
+    assert "calibrating this CPU (1 thread)" in err and "17/17" in err
+    assert os.path.dirname(path) == str(cache)
+    assert os.path.basename(path).endswith("-t1.json")
+    prof = json.loads(open(path).read())
+    dev, link = prof["devices"][0], prof["default_link"]
+    # A CPU core: far from the default device's 14 TFLOP/s, but not nothing.
+    assert 1e8 < dev["peak_flops"] < 1.4e13
+    assert dev["memory_bandwidth_bytes_per_s"] > 0
+    assert dev["launch_overhead_us"] == prof["calibration"]["per_op_us"] > 0
+    assert link["latency_us"] >= prof["calibration"]["handoff_us"] >= 0
+    assert prof["calibration"]["threads"] == 1
+    assert prof["step_overhead_us"] == prof["calibration"]["step_overhead_us"] >= 0
+    mtime = os.path.getmtime(path)
+    assert cpu_profile.cpu_profile_path(1) == path  # cached: no second calibration
+    assert capsys.readouterr().err == ""
+    assert os.path.getmtime(path) == mtime
+    # The planners read it as a machine profile.
+    g = modelpar.load_graph(os.path.join(os.path.dirname(__file__), "../../examples/ir/mlp_step.txt"))
+    p = modelpar.plan_graph(g, devices=2, machine=path, dump_dir="")
+    assert json.loads(p.machine_json)["devices"][0]["peak_flops"] == pytest.approx(dev["peak_flops"])
+
+
+def test_env_turns_it_off_or_names_a_profile(cache, monkeypatch, tmp_path):
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", "off")
+    assert cpu_profile.cpu_profile_path(1) is None
+    assert cpu_profile.machine_for("cpu-workers") is None
+    given = tmp_path / "given.json"
+    given.write_text("{}")
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", str(given))
+    assert cpu_profile.cpu_profile_path(2) == str(given)
+    assert cpu_profile.machine_for("cuda:0") is None  # CUDA maps: not calibrated yet
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", str(tmp_path / "missing.json"))
+    with pytest.raises(ConfigError, match="MODELPAR_CPU_PROFILE=.*missing.json.* is not a file"):
+        cpu_profile.cpu_profile_path(1)
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", "off")
+    with pytest.raises(ConfigError, match="threads=0 is not valid"):
+        cpu_profile.cpu_profile_path(0)
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+
+
+@pytest.mark.parametrize("pipeline", [None, {"microbatches": 2}])
+def test_compiled_plans_for_cpu_workers_use_the_profile(cache, pipeline):
+    path = cpu_profile.cpu_profile_path(1, progress=False)
+    peak = json.loads(open(path).read())["devices"][0]["peak_flops"]
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    model = _mlp()
+    options = {"devices": 2, "strict": True}
+    if pipeline is not None:
+        options["pipeline"] = pipeline
+    fast = torch.compile(lambda x, y: torch.nn.functional.mse_loss(model(x), y),
+                         backend="modelpar", options=options)
+    fast(torch.randn(8, 16), torch.randn(8, 4)).backward()
+    rec = modelpar.plans()[-1]
+    planned = rec.pipeline if pipeline is not None else rec.joint
+    machine = json.loads(planned.machine_json)
+    assert machine["devices"][0]["name"].startswith("cpu")  # replicated: cpu0, cpu1
+    assert machine["devices"][0]["peak_flops"] == pytest.approx(peak)
+
+
+def test_auto_times_the_step_on_copies_of_the_inputs(cache):
+    """strategy="auto" with the calibrated profile: every node of the searched
+    step carries a measured time, and timing it on copies leaves batch norm's
+    running statistics as eager's (the step writes them in place)."""
+    import copy
+
+    from models import CASES
+    from tolerances import Reordered
+    case = CASES["cnn"]
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "strategy": "auto", "strict": True})
+    x, y = case.batch(0, 8)
+    loss = fast(x, y)
+    loss.backward()
+    want = case.loss(eager(x), y)
+    want.backward()
+    # Micro-batches and placement reorder the sums (tolerances.py): conv1's weight
+    # gradient and batch norm sum over 8 x 16 x 16 = 2048 positions, 6 reductions deep.
+    tol = Reordered(2048, depth=6)
+    tol.assert_close(loss, want)
+    for (n, b), e in zip(model.named_buffers(), eager.buffers()):
+        if b.is_floating_point():
+            tol.assert_close(b, e, msg=lambda m, n=n: f"buffer {n}: {m}")
+    rec = modelpar.plans()[-1]
+    text = str(rec.step_graph)
+    assert text.count("cost={time_us=") == rec.step_graph.num_nodes

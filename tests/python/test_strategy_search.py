@@ -1,0 +1,199 @@
+"""Choosing the plan automatically (issue 17): ``modelpar.search_strategy``
+on IR graphs, ``python -m modelpar plan --strategy auto``, and torch.compile's
+``strategy="auto"`` / ``mode="max-autotune"``: the chosen candidate is the
+simulator's minimum among those that fit, the chosen plan runs and equals
+the unsplit step / eager PyTorch, and bad combinations are ConfigErrors."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import modelpar
+from models import CASES
+from tolerances import Reordered
+
+ROOT = Path(__file__).resolve().parents[2]
+STEP = ROOT / "examples/ir/skip_step_symbolic.txt"
+# The skip step (16 -> 32 -> 32 -> 4 wide, batch 16, 4 layers forward and backward) placed
+# or micro-batched reorders its sums (tests/python/tolerances.py).
+STEP_TOL = Reordered(32, depth=8)
+# The MLP and GPT test models pipelined or placed: GPT's 128-wide MLP, 34 reductions deep,
+# micro-batching also splits the weight gradients' sums over the batch.
+TOL = Reordered(128, depth=34)
+
+
+def _compute_bound_machine(tmp_path: Path) -> str:
+    """A machine on which compute dominates: no per-op overhead, 1 GFLOP/s,
+    fast links. Pipelines overlap the stages' compute there, and m-ETF cannot
+    parallelise a chain, so a pipeline wins the search."""
+    path = tmp_path / "compute_bound.json"
+    path.write_text(json.dumps({
+        "format": "modelpar-machine-v1",
+        "devices": [{"name": "slow", "memory_bytes": 1 << 30, "peak_flops": 1e9,
+                     "memory_bandwidth_bytes_per_s": 1e12, "launch_overhead_us": 0.0}],
+        "default_link": {"latency_us": 0.1, "bandwidth_bytes_per_s": 1e12}, "links": []}))
+    return str(path)
+
+
+def _step_inputs(batch: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(batch, 16, generator=g), torch.randn(batch, 4, generator=g),
+            torch.randn(16, 32, generator=g) * 0.3, torch.randn(32, 32, generator=g) * 0.2,
+            torch.randn(32, 32, generator=g) * 0.2, torch.randn(32, 4, generator=g) * 0.3]
+
+
+def _ok(candidates: list[dict]) -> list[dict]:
+    return [c for c in candidates if c["status"] == "ok"]
+
+
+@pytest.mark.parametrize("machine", ["default", "compute_bound"])
+def test_search_chooses_the_simulators_minimum_and_its_plan_runs(tmp_path, machine):
+    profile = _compute_bound_machine(tmp_path) if machine == "compute_bound" else None
+    s = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=profile, prune=False)
+    ok = _ok(s.candidates)
+    assert len(s.candidates) == 1 + 3 + 4 * 10 * 3  # m in {2, 4, 8, 16}
+    assert len(ok) >= 20
+    chosen = s.candidates[s.chosen]
+    assert chosen["chosen"] and sum(c["chosen"] for c in s.candidates) == 1
+    assert chosen["step_us"] == min(c["step_us"] for c in ok)
+    plan = s.pipeline if s.pipeline is not None else s.placement
+    assert plan.step_time_us == pytest.approx(chosen["step_us"])
+    if machine == "compute_bound":
+        assert chosen["kind"] == "pipeline", s.table()
+    for c in ok:  # the bound is a lower bound (Note [A lower bound per candidate])
+        assert c["step_us"] >= c["lower_bound_us"] * (1 - 1e-9), c
+    want = modelpar.run_graph(modelpar.load_graph(STEP), _step_inputs(16))
+    ex = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)
+    got = ex.run(_step_inputs(16))
+    for i, (a, b) in enumerate(zip(got, want)):
+        STEP_TOL.assert_close(a, b, msg=lambda m, i=i: f"output {i}: {m}")
+    # Pruning plans fewer candidates and chooses the same one.
+    pruned = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=profile)
+    assert pruned.chosen == s.chosen
+    assert len(_ok(pruned.candidates)) <= len(ok)
+    assert all(c["reason"].startswith("bound ") for c in pruned.candidates
+               if c["status"] == "pruned")
+
+
+def test_search_errors_name_the_problem():
+    with pytest.raises(modelpar.ConfigError, match="batch_size=0 is not valid"):
+        modelpar.search_strategy(STEP, devices=2, batch_size=0)
+    with pytest.raises(modelpar.ConfigError, match="schedule='zigzag' is not valid"):
+        modelpar.search_strategy(STEP, devices=2, batch_size=8, schedules=["zigzag"])
+    with pytest.raises(modelpar.PlanDoesNotFitError, match="none of the .* candidates"):
+        modelpar.search_strategy(STEP, devices=2, batch_size=8, memory=64)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    import os
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    return subprocess.run([sys.executable, "-m", "modelpar", "plan", *args], capture_output=True,
+                          text=True, env=env, timeout=120)
+
+
+def test_cli_strategy_auto_lists_candidates_and_the_chosen_plan():
+    r = _cli(str(STEP), "--strategy", "auto", "--devices", "2", "--batch-size", "16")
+    assert r.returncode == 0, r.stderr
+    assert "candidate" in r.stdout and "lower bound" in r.stdout
+    starred = [line for line in r.stdout.splitlines() if line.startswith("* ")]
+    assert len(starred) == 1
+    assert "chosen: " + starred[0][2:].split("  ")[0].strip() in r.stdout
+    assert "search: 124 candidates" in r.stdout
+    r = _cli(str(STEP), "--strategy", "auto")
+    assert r.returncode == 1 and "needs --batch-size" in r.stderr
+    r = _cli(str(STEP), "--strategy", "best")
+    assert r.returncode == 1 and "strategy='best' is not valid" in r.stderr
+
+
+def test_options_strategy_and_max_autotune(monkeypatch):
+    assert modelpar.resolve_options({"devices": 2, "strategy": "auto"}).strategy == "auto"
+    assert modelpar.resolve_options({"devices": 2}).strategy == "manual"
+    o = modelpar.resolve_options({"devices": 2}, "max-autotune")
+    assert o.strategy == "auto" and o.planned and o.whole_step
+    with pytest.warns(UserWarning, match="nothing to autotune \\(one device\\)"):
+        assert modelpar.resolve_options({"devices": 1}, "max-autotune").strategy == "manual"
+    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 3)
+    o = modelpar.resolve_options(None, "max-autotune-no-cudagraphs")  # what torch.compile passes
+    assert (o.devices, o.strategy) == (3, "auto")
+    with pytest.warns(UserWarning, match="placer picks the plan by hand"):
+        o = modelpar.resolve_options({"devices": 2, "placer": "m-sct"}, "max-autotune")
+    assert o.strategy == "manual" and o.placer == "m-sct"
+    with pytest.raises(modelpar.ConfigError, match="strategy='auto' searches .* but "
+                                                   "pipeline=.* picks one by hand"):
+        modelpar.resolve_options({"devices": 2, "strategy": "auto", "pipeline": {}})
+    with pytest.raises(modelpar.ConfigError, match="strategy='fast' is not valid; strategy "
+                                                   "takes one of 'manual', 'auto'"):
+        modelpar.resolve_options({"devices": 2, "strategy": "fast"})
+
+
+def _train(name: str, options: dict, mode: str | None, steps: int, loss_inside: bool):
+    case = CASES[name]
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    eager_opt = torch.optim.SGD(eager.parameters(), lr=0.05)
+    if loss_inside:
+        fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                             options=options, mode=mode)
+    else:
+        compiled = torch.compile(model, backend="modelpar", options=options, mode=mode)
+        fast = lambda x, y: case.loss(compiled(x), y)  # noqa: E731
+    batch = 2 * case.batch_size
+    for step in range(steps):
+        x, y = case.batch(step, batch)
+        loss = fast(x, y)
+        loss.backward()
+        want = case.loss(eager(x), y)
+        want.backward()
+        tol = TOL.after(step + 1)
+        tol.assert_close(loss, want)
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            tol.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+        opt.step(), eager_opt.step(), opt.zero_grad(), eager_opt.zero_grad()
+    return modelpar.plans()[-1]
+
+
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_compiled_auto_equals_eager_and_reports_the_candidates(name):
+    plan = _train(name, {"devices": 2, "strategy": "auto", "strict": True}, None, 2, True)
+    cands = plan.candidates
+    assert cands is not None and sum(c["chosen"] for c in cands) == 1
+    chosen = next(c for c in cands if c["chosen"])
+    assert chosen["step_us"] == min(c["step_us"] for c in _ok(cands))
+    assert plan.simulated_step_us == pytest.approx(chosen["step_us"])
+    assert plan.search.seconds > 0
+    text = str(plan)
+    assert f"strategy: auto, chose {chosen['label']}" in text and "[search]" in text
+
+
+def test_max_autotune_picks_a_pipeline_on_a_compute_bound_machine(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
+    # torch.compile takes mode or options: max-autotune plans one device per core.
+    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 2)
+    plan = _train("mlp", None, "max-autotune", 2, True)
+    assert plan.options.devices == 2 and plan.options.strategy == "auto"
+    chosen = next(c for c in plan.candidates if c["chosen"])
+    assert chosen["kind"] == "pipeline", plan.search.table()
+    assert plan.pipeline is not None and plan.joint is None
+    assert plan.simulated_step_us == pytest.approx(chosen["step_us"])
+
+
+def test_auto_with_the_loss_outside_searches_gpipe_pipelines_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
+    plan = _train("mlp", {"devices": 2, "strategy": "auto", "strict": True}, None, 2, False)
+    assert plan.pipeline_mode == "split"
+    assert {c["kind"] for c in plan.candidates} == {"pipeline"}
+    assert {c["schedule"] for c in plan.candidates} == {"gpipe"}
+    assert not math.isnan(plan.simulated_step_us)
