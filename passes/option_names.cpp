@@ -18,7 +18,8 @@ constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
 std::vector<OptionValues> optionValues() {
   return {{"placer", kPlacerNames},          {"schedule", kPipelineScheduleNames},
           {"partition", kPartitionMethodNames}, {"checkpoint", kCheckpointModeNames},
-          {"batch_norm", kBatchNormModeNames},  {"loss_reduction", kLossReductionNames}};
+          {"batch_norm", kBatchNormModeNames},  {"loss_reduction", kLossReductionNames},
+          {"devices", kDeviceWordNames}};
 }
 
 std::string quotedList(std::span<const std::string_view> values) {

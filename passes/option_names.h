@@ -35,6 +35,10 @@ inline constexpr std::string_view kBatchNormModeNames[] = {"refuse", "deferred"}
 /// `loss_reduction`: how micro-batch losses combine.
 inline constexpr std::string_view kLossReductionNames[] = {"auto", "mean", "sum"};
 
+/// `devices` given as a word instead of a count: one logical device per rank
+/// of the torch.distributed process group (python_shim/modelpar/distributed.py).
+inline constexpr std::string_view kDeviceWordNames[] = {"world"};
+
 /// One option and its valid values, for listing (modelpar._C.option_names()).
 struct OptionValues {
   std::string_view option;
