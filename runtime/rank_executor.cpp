@@ -20,6 +20,7 @@
 #include "ir/verifier.h"
 #include "runtime/check.h"
 #include "runtime/op_call.h"
+#include "runtime/rank_messages.h"
 #include "runtime/value_types.h"
 
 namespace modelpar::runtime {
@@ -35,17 +36,19 @@ namespace modelpar::runtime {
 //
 //   send  posts group.send and returns at once (buffered); the Work and the
 //         sent tensor are kept until the end of the step, or until a later
-//         `run` writes one of its inputs in place (then every pending send
-//         is finished first: the fence of Note [Lifetime of sent tensors]).
+//         `run` that writes an input in place reads memory a pending send
+//         reads (that send is finished first: the fence of Note [Lifetime of
+//         sent tensors], per send instead of all of them).
 //   recv  posts group.recv into a fresh tensor and waits for it.
 //
-// A tensor travels as two messages on its tag: a header (sizes, then the
-// strides the receiver rebuilds; the rank comes from the IR type, so
-// symbolic shapes need nothing more) and the data, made contiguous (Gloo
-// sends dense buffers only). A non-contiguous but dense tensor arrives with
-// its strides; an overlapping one (expanded) arrives contiguous. A 0-d
-// tensor sends no header; an int / float / bool travels as a 1-element
-// int64 / float64 tensor.
+// A value whose IR type fixes its size travels as one message
+// (rank_messages.h): its strides, then its data in that layout, so a
+// transposed tensor arrives transposed; the receive is posted ahead (Note
+// [Posting receives ahead]). A value with a symbolic size travels as two on
+// its tag: a header (sizes, strides; the rank comes from the IR type) and
+// the data, contiguous (Gloo sends dense buffers only), rebuilt with its
+// strides. An overlapping tensor (expanded) arrives contiguous; a scalar
+// travels as 8 bytes.
 //
 // On GPUs the group is NCCL: ProcessGroupNCCL runs each point-to-point pair
 // on its own stream per (device, peer), makes it wait for the current
@@ -74,12 +77,6 @@ bool writesAnInput(const c10::OperatorHandle& op) {
 std::string errorText(const std::exception& e) {
   if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
   return e.what();
-}
-
-std::vector<int64_t> contiguousStrides(c10::IntArrayRef sizes) {
-  std::vector<int64_t> strides(sizes.size(), 1);
-  for (size_t k = sizes.size(); k-- > 1;) strides[k - 1] = strides[k] * std::max<int64_t>(sizes[k], 1);
-  return strides;
 }
 
 // A pending send: its Work and the tensors it reads (kept alive until done).
@@ -125,6 +122,11 @@ class RankExecutor::Impl {
       if (holders_[k] >= 0 && !present_[k][static_cast<size_t>(home)]) moves_.emplace_back(k, home);
     }
     env_.assign(g.numValues(), c10::IValue());
+    const std::vector<ir::Instruction>& mine = program_.schedule(rank_);
+    posted_.resize(mine.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i].kind == Kind::Recv && packedBytes(g.value(mine[i].value).type)) fixed_recvs_.push_back(i);
+    }
   }
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
@@ -144,17 +146,23 @@ class RankExecutor::Impl {
       }
       env_[static_cast<size_t>(g.inputs()[k].value)] = std::move(in);
     }
+    MP_RT_CHECK(!broken_, ExecutionError, "modelpar rank ", rank_, ": a previous step failed (",
+                broken_reason_, "); messages of that step may still be in flight, so this "
+                "executor cannot run again: every rank of the group must stop");
     try {
       const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+      next_post_ = taken_ = 0;
+      postAhead();
       for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
       sendHome();
       finishSends();
       std::vector<c10::IValue> out = outputs();
       std::fill(env_.begin(), env_.end(), c10::IValue());
       return out;
-    } catch (...) {
+    } catch (const std::exception& e) {
+      broken_ = true;
+      broken_reason_ = e.what();
       std::fill(env_.begin(), env_.end(), c10::IValue());
-      pending_.clear();
       throw;
     }
   }
@@ -212,7 +220,7 @@ class RankExecutor::Impl {
     for (const auto& [k, home] : moves_) {
       if (holders_[k] != rank_) continue;
       const ir::ValueId v = g.outputs()[k];
-      for (at::Tensor& t : encode(env_[static_cast<size_t>(v)], g.value(v).type)) {
+      for (at::Tensor& t : frame(env_[static_cast<size_t>(v)], g.value(v).type, options_.device)) {
         std::vector<at::Tensor> one{t};
         pending_.push_back({group_->send(one, home, static_cast<int>(v)), std::move(one), end, home});
       }
@@ -233,7 +241,7 @@ class RankExecutor::Impl {
     const ir::Graph& g = program_.graph();
     switch (inst.kind) {
       case Kind::Run: {
-        if (writes_[static_cast<size_t>(inst.node)]) finishSends();
+        if (writes_[static_cast<size_t>(inst.node)]) fence(inst.node);
         const ResolvedOp& op = ops_[static_cast<size_t>(inst.node)];
         std::vector<c10::IValue> out;
         try {
@@ -251,7 +259,14 @@ class RankExecutor::Impl {
         const c10::IValue& v = env_[static_cast<size_t>(inst.value)];
         MP_RT_CHECK(!v.isNone(), ExecutionError, where(i, inst), ": %", g.value(inst.value).name,
                     " is not on rank ", rank_);
-        for (at::Tensor& t : encode(v, g.value(inst.value).type)) {
+        const ir::Type& type = g.value(inst.value).type;
+        std::vector<at::Tensor> messages;
+        if (packedBytes(type)) {
+          messages.push_back(pack(v, type, options_.device));
+        } else {
+          messages = frame(v, type, options_.device);
+        }
+        for (at::Tensor& t : messages) {
           std::vector<at::Tensor> one{t};
           c10::intrusive_ptr<c10d::Work> work;
           try {
@@ -266,6 +281,10 @@ class RankExecutor::Impl {
       }
       case Kind::Recv: {
         const ir::Type& type = g.value(inst.value).type;
+        if (packedBytes(type)) {
+          env_[static_cast<size_t>(inst.value)] = takePosted(i, inst);
+          return;
+        }
         env_[static_cast<size_t>(inst.value)] = receive(type, [&](at::Tensor& t) {
           std::vector<at::Tensor> one{t};
           wait([&] { return group_->recv(one, inst.peer, static_cast<int>(inst.value)); },
@@ -281,32 +300,6 @@ class RankExecutor::Impl {
         return;
       }
     }
-  }
-
-  // The messages of one value (Note [Rank transfers]): [header,] data.
-  std::vector<at::Tensor> encode(const c10::IValue& v, const ir::Type& type) const {
-    if (!type.isTensor()) {
-      if (v.isDouble()) {
-        at::Tensor t = at::empty({1}, at::TensorOptions().dtype(c10::kDouble).device(options_.device));
-        t.fill_(v.toDouble());
-        return {t};
-      }
-      at::Tensor t = at::empty({1}, at::TensorOptions().dtype(c10::kLong).device(options_.device));
-      t.fill_(v.isBool() ? static_cast<int64_t>(v.toBool()) : v.toInt());
-      return {t};
-    }
-    const at::Tensor& t = v.toTensor();
-    if (t.dim() == 0) return {t.contiguous()};
-    std::vector<int64_t> header(t.sizes().begin(), t.sizes().end());
-    if (t.is_non_overlapping_and_dense()) {
-      header.insert(header.end(), t.strides().begin(), t.strides().end());
-    } else {
-      std::vector<int64_t> s = contiguousStrides(t.sizes());
-      header.insert(header.end(), s.begin(), s.end());
-    }
-    at::Tensor h = at::empty({static_cast<int64_t>(header.size())}, at::TensorOptions().dtype(c10::kLong));
-    std::copy(header.begin(), header.end(), h.data_ptr<int64_t>());
-    return {h.to(options_.device), t.contiguous()};
   }
 
   // Receives one value of `type`; `get(t)` receives one message into t.
@@ -344,6 +337,48 @@ class RankExecutor::Impl {
     return out;
   }
 
+  // Note [Posting receives ahead]: a receive of a fixed size is posted up to
+  // kRecvWindow receives before the instruction that takes it, so that the
+  // data flows while this rank still computes: with Gloo a send moves only
+  // once its receive is posted. The window bounds the buffers held early.
+  static constexpr size_t kRecvWindow = 4;
+
+  void postAhead() {
+    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+    const ir::Graph& g = program_.graph();
+    while (next_post_ < fixed_recvs_.size() && next_post_ < taken_ + kRecvWindow) {
+      const size_t i = fixed_recvs_[next_post_++];
+      const ir::Instruction& inst = sched[i];
+      Posted& p = posted_[i];
+      p.buffer = at::empty({*packedBytes(g.value(inst.value).type)},
+                           at::TensorOptions().dtype(c10::kByte).device(options_.device));
+      std::vector<at::Tensor> one{p.buffer};
+      try {
+        p.work = group_->recv(one, inst.peer, static_cast<int>(inst.value));
+      } catch (const std::exception& e) {
+        throw PeerError(c10::str(where(i, inst), ": the receive from rank ", inst.peer,
+                                 " could not be posted: ", errorText(e)), inst.peer);
+      }
+    }
+  }
+
+  c10::IValue takePosted(size_t i, const ir::Instruction& inst) {
+    postAhead();  // posts instruction i's receive if it is not yet
+    Posted& p = posted_[i];
+    MP_RT_CHECK(p.work, InternalError, where(i, inst), ": its receive was never posted");
+    const auto start = Clock::now();
+    try {
+      p.work->wait(options_.timeout);
+    } catch (const std::exception& e) {
+      throwPeer(i, inst, inst.peer, "sent nothing", start, errorText(e));
+    }
+    c10::IValue v = unpack(p.buffer, program_.graph().value(inst.value).type);
+    p = Posted{};
+    ++taken_;
+    postAhead();
+    return v;
+  }
+
   // Posts a transfer and waits for it within the timeout.
   template <typename Post>
   void wait(Post&& post, size_t i, const ir::Instruction& inst, int peer, const char* what) {
@@ -364,6 +399,36 @@ class RankExecutor::Impl {
                              " s of the ", limit, " s timeout): rank ", peer,
                              " raised, was killed, or waits on a rank that did; ", detail),
                     peer);
+  }
+
+  // Before an op that writes an input in place: finish the pending sends
+  // that read memory of one of its inputs (the others may stay in flight).
+  void fence(ir::NodeId n) {
+    std::vector<at::Tensor> inputs;
+    for (ir::ValueId v : program_.graph().node(n).inputs()) {
+      const c10::IValue& x = env_[static_cast<size_t>(v)];
+      if (x.isTensor() && x.toTensor().defined()) inputs.push_back(x.toTensor());
+    }
+    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+    std::vector<Pending> still;
+    for (Pending& s : pending_) {
+      const bool reads = std::any_of(s.keep.begin(), s.keep.end(), [&](const at::Tensor& k) {
+        return std::any_of(inputs.begin(), inputs.end(),
+                           [&](const at::Tensor& t) { return k.is_alias_of(t); });
+      });
+      if (!reads) {
+        still.push_back(std::move(s));
+        continue;
+      }
+      const auto start = Clock::now();
+      try {
+        s.work->wait(options_.timeout);
+      } catch (const std::exception& e) {
+        throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
+                  errorText(e));
+      }
+    }
+    pending_ = std::move(still);
   }
 
   void finishSends() {
@@ -413,7 +478,7 @@ class RankExecutor::Impl {
       wait([&] { return group_->broadcast(ts, bo); }, end, here, root, "did not broadcast the output");
     };
     if (root == rank_) {
-      for (at::Tensor& t : encode(mine, v.type)) one(t);
+      for (at::Tensor& t : frame(mine, v.type, options_.device)) one(t);
       return mine;
     }
     return receive(v.type, one);
@@ -432,6 +497,17 @@ class RankExecutor::Impl {
   std::vector<std::pair<size_t, int>> moves_;  // output_homes its holder must send
   Env env_;
   std::vector<Pending> pending_;
+  // A receive posted ahead (Note [Posting receives ahead]).
+  struct Posted {
+    at::Tensor buffer;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<size_t> fixed_recvs_;  // this rank's receives of a fixed size, in order
+  std::vector<Posted> posted_;       // by instruction
+  size_t next_post_ = 0;             // into fixed_recvs_
+  size_t taken_ = 0;                 // receives of fixed_recvs_ completed this step
+  bool broken_ = false;
+  std::string broken_reason_;
 };
 
 RankExecutor::RankExecutor(const ir::Program& p, c10::intrusive_ptr<c10d::ProcessGroup> group,

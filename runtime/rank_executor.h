@@ -89,6 +89,9 @@ class RankExecutor {
   /// outputs. Throws ExecutionError for a bad input or a failing
   /// instruction (`modelpar rank R, instruction I (run %y, aten::mm): ...`),
   /// PeerError for a transfer that did not complete within the timeout.
+  /// After a failed step the executor refuses to run again (ExecutionError):
+  /// messages of that step may still be in flight and would match the next
+  /// step's; every rank of the group is expected to stop.
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
 
   int rank() const;
