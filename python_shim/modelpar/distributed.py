@@ -36,7 +36,8 @@ import torch
 from . import _C
 from .errors import ConfigError, ExecutionError, PeerError
 
-__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "RankStep", "RankExecutor"]
+__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "RankStep", "RankExecutor",
+           "release_unowned"]
 
 #: The ``devices`` value that means "one device per rank of the group".
 WORLD = "world"
@@ -162,6 +163,8 @@ class RankExecutor:
         self.group = group
         self.backend = str(dist.get_backend(group))
         self.timeout_s = timeout_s
+        self.rank_now = dist.get_rank(group)
+        self.local_inputs = [d == self.rank_now for d in _C.input_devices(program)]
         self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
                                    output_homes=[tuple(h) for h in output_homes], verify=verify)
@@ -175,8 +178,10 @@ class RankExecutor:
                 transfer with another rank that did not complete; the message
                 names the failed rank (Note [Naming the failed rank]).
         """
+        inputs = list(inputs)
+        _note_inputs(inputs, self.local_inputs)
         try:
-            return self._ex.run(list(inputs))
+            return self._ex.run(inputs)
         except PeerError as e:
             raise _name_failed_rank(self.group, self.rank, e) from e
         except ExecutionError as e:
@@ -209,6 +214,48 @@ class RankExecutor:
 
     def __repr__(self) -> str:
         return f"<modelpar.RankExecutor rank {self.rank} of {self.num_devices} over {self.backend}>"
+
+
+# Note [Parameters other ranks own]: the rank executor reads only the inputs
+# bound on its own device. Every run notes which tensors it was given as an
+# input it reads and which as one it does not; a parameter that only ever
+# came as the latter belongs to other ranks, and release_unowned() gives its
+# memory back. Identity is the tensor object (AOTAutograd passes the
+# module's parameters themselves).
+_read_here: dict[int, Any] = {}
+_read_elsewhere: dict[int, Any] = {}
+
+
+def _note_inputs(inputs: Sequence[Any], local: Sequence[bool]) -> None:
+    import weakref
+    for t, here in zip(inputs, local):
+        if isinstance(t, torch.Tensor):
+            (_read_here if here else _read_elsewhere)[id(t)] = weakref.ref(t)
+
+
+def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
+    """Gives back the memory of the parameters and buffers of ``module``
+    that this rank's compiled steps never read (other ranks own them; Note
+    [Parameters other ranks own]); call it after the first step. Each keeps
+    its shape, dtype and strides (so the compiled code's guards still hold),
+    on fresh memory that is never written: the operating system maps such
+    pages only when touched, so resident memory drops by their size. With
+    ``poison``, the fresh memory is filled with NaN instead (a test that
+    nothing reads it). Returns the bytes released.
+    """
+    released = 0
+    with torch.no_grad():
+        for _name, t in [*module.named_parameters(), *module.named_buffers()]:
+            seen_here = id(t) in _read_here and _read_here[id(t)]() is t
+            seen_elsewhere = id(t) in _read_elsewhere and _read_elsewhere[id(t)]() is t
+            if seen_here or not seen_elsewhere:
+                continue
+            fresh = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+            if poison:
+                fresh.fill_(float("nan"))
+            released += t.untyped_storage().nbytes()
+            t.data = fresh
+    return released
 
 
 # Note [Naming the failed rank]: a rank whose own step fails (an operator

@@ -4,11 +4,12 @@ the environment, initialises a Gloo group and runs one scenario; prints
 ``RESULT <json>`` on success and exits 1 with the traceback otherwise.
 
 Scenarios:
-  train CASE STEPS [PIPELINE]  the test model CASE, compiled with
-      devices="world" (or a pipeline over the ranks: "gpipe" / "1f1b"),
+  train CASE STEPS [PIPELINE [release]]  the test model CASE, compiled with
+      devices="world" (or a pipeline over the ranks: "gpipe" / "1f1b"; "none"),
       against eager in this process: the loss of each step, every gradient
       (summed over ranks: each exists on its owner only) and the parameters
-      after STEPS momentum-SGD steps.
+      after STEPS momentum-SGD steps. With "release", the parameters other
+      ranks own are released after step 0 (filled with NaN: never read).
   fault raise|kill|hang RANK  rank RANK fails in step 1 (raises, is killed,
       or sleeps); the others must raise modelpar.ExecutionError naming it.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
@@ -47,14 +48,14 @@ def _summed(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def train(case_name: str, steps: int, pipeline: str | None) -> None:
+def train(case_name: str, steps: int, pipeline: str | None, release: bool = False) -> None:
     case = CASES[case_name]
     tol = case.tol.after(steps=steps)
     torch.manual_seed(0)  # the same initial parameters on every rank and in eager
     model = case.make_model()
     eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
-    if pipeline:
+    if pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
 
     def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -65,6 +66,7 @@ def train(case_name: str, steps: int, pipeline: str | None) -> None:
     ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     losses = []
     owners: dict[str, int] = {}
+    released = 0
     for step in range(steps):
         x, y = case.batch(step, case.batch_size)
         loss = fast(x, y)
@@ -87,6 +89,8 @@ def train(case_name: str, steps: int, pipeline: str | None) -> None:
         opt.zero_grad()
         ref_opt.zero_grad()
         losses.append(float(loss.detach()))
+        if release and step == 0:  # NaN where other ranks own: any read would show
+            released = modelpar.release_unowned(model, poison=True)
     # Parameters after the steps: each is current on its owner only.
     for n, p in model.named_parameters():
         mine = p.detach().clone() if owners.get(n) == dist.get_rank() else torch.zeros_like(p)
@@ -95,7 +99,7 @@ def train(case_name: str, steps: int, pipeline: str | None) -> None:
                          msg=lambda m: f"parameter {n} after {steps} steps: {m}")
     own = sorted(owners)
     _result(rank=dist.get_rank(), losses=losses, owned=own,
-            plan=str(modelpar.plans()[-1].runs_on))
+            plan=str(modelpar.plans()[-1].runs_on), released=released)
 
 
 def fault(how: str, bad_rank: int) -> None:
@@ -147,7 +151,8 @@ def main() -> None:
     scenario, *args = sys.argv[1:]
     try:
         if scenario == "train":
-            train(args[0], int(args[1]), args[2] if len(args) > 2 else None)
+            train(args[0], int(args[1]), args[2] if len(args) > 2 else None,
+                  len(args) > 3 and args[3] == "release")
         elif scenario == "fault":
             fault(args[0], int(args[1]))
         elif scenario == "mismatch":

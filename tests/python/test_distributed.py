@@ -6,7 +6,8 @@ tests/python/dist_worker.py, every wait bounded.
 - m-ETF training of the test models over 2 and 4 ranks equals eager in one
   process: the loss of each of 3 momentum-SGD steps, every gradient (summed
   over the ranks: each exists on exactly one) and the parameters after;
-- so does pipelined training (GPipe, 1F1B), stage s on rank s;
+- so does pipelined training (GPipe, 1F1B), stage s on rank s, also when
+  each rank has released (NaN-filled) the parameters other ranks own;
 - a rank that raises, is killed, or hangs makes every other rank raise
   ExecutionError naming it within the peer timeout;
 - ranks that planned differently raise ConfigError naming them;
@@ -96,6 +97,16 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
     assert all("pipeline" in r["plan"] for r in results)
     # Stage s on rank s: every rank owns parameters.
     assert all(r["owned"] for r in results), [r["owned"] for r in results]
+
+
+@pytest.mark.parametrize("schedule", ["none", "gpipe"])
+def test_released_parameters_of_other_ranks_are_never_read(schedule: str) -> None:
+    # After step 0 each rank fills the parameters other ranks own with NaN
+    # (release_unowned(poison=True)); steps 1 and 2 still equal eager.
+    results = _all_ok(_launch(2, "train", "mlp", "3", schedule, "release"))
+    sizes = {n: p.numel() * 4 for n, p in __import__("models").MLP().named_parameters()}
+    for r in results:
+        assert r["released"] == sum(v for n, v in sizes.items() if n not in r["owned"]), r
 
 
 @pytest.mark.parametrize("how", ["raise", "kill", "hang"])
