@@ -56,7 +56,9 @@ namespace modelpar::runtime {
 // (recordStream) and, on Work::wait, makes the current stream wait for it:
 // the per-peer tx stream, events and recordStream of Note [Executor stream
 // protocol], done by c10d instead of by us. The rank executor issues
-// everything on the current stream of `options.device`.
+// everything on the current stream of `options.device`. NCCL ignores tags
+// and pairs transfers by order, so over NCCL the constructor refuses a
+// program whose send and receive lists of a pair differ in order.
 //
 // Every wait has the executor's timeout: a peer that raised or died makes the
 // wait fail (Gloo: connection closed, or the timeout) and run() throws
@@ -100,6 +102,7 @@ class RankExecutor::Impl {
                 program_.numDevices(), " devices but the process group has ", size_,
                 " ranks; plan with devices equal to the world size (devices='world')");
     if (options_.verify) ir::verify(program_);
+    if (group_->getBackendName() == "nccl") checkPairOrder();
     const ir::Graph& g = program_.graph();
     ops_.reserve(g.numNodes());
     writes_.resize(g.numNodes());
@@ -178,6 +181,37 @@ class RankExecutor::Impl {
                              ir::printInstruction(program_.graph(), inst));
     if (inst.kind == Kind::Run) s += ", " + ops_[static_cast<size_t>(inst.node)].opName();
     return s + ")";
+  }
+
+  // NCCL ignores tags: it pairs a rank's sends to a peer with the peer's
+  // receives from it in issue order. So over NCCL every pair of lists must
+  // send and receive the same values in the same order, which the verifier
+  // (Program semantics: a mailbox per value) does not require.
+  void checkPairOrder() const {
+    const ir::Graph& g = program_.graph();
+    const int n = program_.numDevices();
+    std::vector<std::vector<std::vector<ir::ValueId>>> sent(
+        static_cast<size_t>(n), std::vector<std::vector<ir::ValueId>>(static_cast<size_t>(n)));
+    auto received = sent;
+    for (int d = 0; d < n; ++d) {
+      for (const ir::Instruction& inst : program_.schedule(d)) {
+        if (inst.kind == Kind::Send) sent[static_cast<size_t>(d)][static_cast<size_t>(inst.peer)].push_back(inst.value);
+        if (inst.kind == Kind::Recv) received[static_cast<size_t>(inst.peer)][static_cast<size_t>(d)].push_back(inst.value);
+      }
+    }
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) {
+        const auto& s = sent[static_cast<size_t>(a)][static_cast<size_t>(b)];
+        const auto& r = received[static_cast<size_t>(a)][static_cast<size_t>(b)];
+        for (size_t k = 0; k < std::min(s.size(), r.size()); ++k) {
+          MP_RT_CHECK(s[k] == r[k], ConfigError, "modelpar rank executor: over NCCL, device ", a,
+                      "'s transfer ", k, " to device ", b, " is %", g.value(s[k]).name,
+                      " but device ", b, " receives %", g.value(r[k]).name,
+                      " there; NCCL pairs transfers by order, not by tag, so this program "
+                      "cannot run over NCCL (use Gloo, or a schedule whose transfers keep order)");
+        }
+      }
+    }
   }
 
   // Which device holds each graph output when the program ends.

@@ -34,6 +34,14 @@ import modelpar  # noqa: E402
 from models import CASES, MLP  # noqa: E402
 
 
+def _device() -> torch.device:
+    """cpu with Gloo; the rank's GPU with NCCL (MODELPAR_DIST_BACKEND=nccl,
+    scripts/gpu_check.sh)."""
+    if os.environ.get("MODELPAR_DIST_BACKEND") == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
 def _result(**kw) -> None:
     print("RESULT " + json.dumps(kw), flush=True)
 
@@ -52,7 +60,8 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
     case = CASES[case_name]
     tol = case.tol.after(steps=steps)
     torch.manual_seed(0)  # the same initial parameters on every rank and in eager
-    model = case.make_model()
+    dev = _device()
+    model = case.make_model().to(dev)
     eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
     if pipeline and pipeline != "none":
@@ -68,7 +77,7 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
     owners: dict[str, int] = {}
     released = 0
     for step in range(steps):
-        x, y = case.batch(step, case.batch_size)
+        x, y = (t.to(dev) for t in case.batch(step, case.batch_size))
         loss = fast(x, y)
         ref = case.loss(eager(x), y)
         tol.assert_close(loss.detach(), ref.detach())
@@ -78,7 +87,7 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
         for (n, p), q in zip(model.named_parameters(), eager.parameters()):
             got = _summed(p.grad, p)
             tol.assert_close(got, q.grad, msg=lambda m: f"step {step}, grad of {n}: {m}")
-            here = torch.tensor([1 if p.grad is not None else 0])
+            here = torch.tensor([1 if p.grad is not None else 0], device=dev)
             dist.all_reduce(here)
             counts[n] = int(here.item())
             if p.grad is not None:
@@ -147,7 +156,10 @@ def mismatch() -> None:
 
 
 def main() -> None:
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    backend = os.environ.get("MODELPAR_DIST_BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=timedelta(seconds=60))
     scenario, *args = sys.argv[1:]
     try:
         if scenario == "train":
