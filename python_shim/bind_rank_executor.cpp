@@ -72,6 +72,8 @@ void bindRankExecutor(py::module_& m) {
       .def_property_readonly("world_size", &RankExecutor::worldSize)
       .def_property_readonly("num_devices", [](const RankExecutor& ex) { return ex.worldSize(); })
       .def_property_readonly("output_holders", &RankExecutor::outputHolders)
+      .def_property_readonly("last_step_wait_ns", &RankExecutor::lastStepWaitNs,
+                             "Nanoseconds the last step spent waiting for other ranks.")
       .def_property_readonly("program", [](const RankExecutor& ex) { return ex.program(); },
                              "A copy of the program it runs.");
   m.def("input_devices",

@@ -155,6 +155,7 @@ class RankExecutor::Impl {
     try {
       const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
       next_post_ = taken_ = 0;
+      wait_ns_ = 0;
       postAhead();
       for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
       sendHome();
@@ -403,6 +404,7 @@ class RankExecutor::Impl {
     const auto start = Clock::now();
     try {
       p.work->wait(options_.timeout);
+      wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
     } catch (const std::exception& e) {
       throwPeer(i, inst, inst.peer, "sent nothing", start, errorText(e));
     }
@@ -420,6 +422,7 @@ class RankExecutor::Impl {
     try {
       c10::intrusive_ptr<c10d::Work> work = post();
       work->wait(options_.timeout);
+      wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
     } catch (const std::exception& e) {
       throwPeer(i, inst, peer, what, start, errorText(e));
     }
@@ -457,6 +460,7 @@ class RankExecutor::Impl {
       const auto start = Clock::now();
       try {
         s.work->wait(options_.timeout);
+        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
       } catch (const std::exception& e) {
         throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
                   errorText(e));
@@ -471,6 +475,7 @@ class RankExecutor::Impl {
       const auto start = Clock::now();
       try {
         s.work->wait(options_.timeout);
+        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
       } catch (const std::exception& e) {
         throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
                   errorText(e));
@@ -542,6 +547,10 @@ class RankExecutor::Impl {
   size_t taken_ = 0;                 // receives of fixed_recvs_ completed this step
   bool broken_ = false;
   std::string broken_reason_;
+  int64_t wait_ns_ = 0;  // this step: blocked in waits for peers
+
+ public:
+  int64_t waitNs() const { return wait_ns_; }
 };
 
 RankExecutor::RankExecutor(const ir::Program& p, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -556,5 +565,6 @@ int RankExecutor::rank() const { return impl_->rank(); }
 int RankExecutor::worldSize() const { return impl_->size(); }
 const ir::Program& RankExecutor::program() const { return impl_->program(); }
 const std::vector<int>& RankExecutor::outputHolders() const { return impl_->holders(); }
+int64_t RankExecutor::lastStepWaitNs() const { return impl_->waitNs(); }
 
 }  // namespace modelpar::runtime

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
@@ -100,6 +101,9 @@ class RankExecutor {
   /// For each graph output, the lowest device holding it when the program
   /// ends, before output_homes moves any (-1: none).
   const std::vector<int>& outputHolders() const;
+  /// Nanoseconds the last step spent blocked waiting for other ranks
+  /// (receives, sends finished at the end or at a fence, broadcasts).
+  int64_t lastStepWaitNs() const;
 
  private:
   class Impl;

@@ -203,6 +203,11 @@ class RankExecutor:
         return self._ex.program
 
     @property
+    def last_step_wait_ns(self) -> int:
+        """Nanoseconds the last step spent waiting for other ranks."""
+        return self._ex.last_step_wait_ns
+
+    @property
     def output_holders(self) -> list[int]:
         return list(self._ex.output_holders)
 

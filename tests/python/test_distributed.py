@@ -6,7 +6,8 @@ tests/python/dist_worker.py, every wait bounded.
 - m-ETF training of the test models over 2 and 4 ranks equals eager in one
   process: the loss of each of 3 momentum-SGD steps, every gradient (summed
   over the ranks: each exists on exactly one) and the parameters after;
-- so does pipelined training (GPipe, 1F1B), stage s on rank s, also when
+- so does pipelined training (GPipe, 1F1B, 1F1B*; checkpointing except the
+  last stage, the default), stage s on rank s, also when
   each rank has released (NaN-filled) the parameters other ranks own;
 - a rank that raises, is killed, or hangs makes every other rank raise
   ExecutionError naming it within the peer timeout;
@@ -90,7 +91,8 @@ def test_training_over_ranks_equals_eager(world: int, case: str) -> None:
 
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "gpipe"), (2, "mlp", "1f1b"),
-                                                 (4, "gpt", "gpipe"), (4, "gpt", "1f1b")])
+                                                 (2, "mlp", "1f1b*"), (4, "gpt", "gpipe"),
+                                                 (4, "gpt", "1f1b")])
 def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, schedule: str) -> None:
     results = _all_ok(_launch(world, "train", case, "3", schedule))
     assert all(r["losses"] == results[0]["losses"] for r in results)
