@@ -28,6 +28,7 @@ import pytest
 import torch
 
 import modelpar
+from tolerances import Reordered
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 LIMIT_S = 240  # the whole run of one scenario, compile included (2 slow cores)
@@ -127,6 +128,38 @@ def test_ranks_that_planned_differently_raise_config_error() -> None:
     results = _all_ok(_launch(2, "mismatch"))
     for r in results:
         assert "planned" in r["error"] and "ranks 0" in r["error"] and "ranks 1" in r["error"], r
+
+
+@pytest.mark.parametrize("pipeline", [None, "1f1b"])
+def test_the_torchrun_example_trains_like_eager(pipeline: str | None) -> None:
+    """examples/torchrun_train.py under torchrun itself (2 processes)."""
+    example = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
+    args = ["--pipeline", pipeline] if pipeline else []
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                          "--master-port", str(_free_port()), str(example), *args],
+                         env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    got = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("step ")]
+    # The same model, seed and batches eagerly in this process.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                                torch.nn.Tanh(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    g = torch.Generator().manual_seed(1)
+    want = []
+    for _ in range(3):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        want.append(loss.item())
+    # Placement adds the MLP's sums (32 wide, 3 layers forward and backward)
+    # in other orders (tests/python/tolerances.py), over 3 SGD steps.
+    assert len(got) == 3, run.stdout
+    Reordered(32, depth=6).after(steps=3).assert_close(torch.tensor(got), torch.tensor(want))
 
 
 def test_world_without_an_initialised_group_is_a_config_error() -> None:
