@@ -57,6 +57,10 @@ from .plan import GraphRecord, Plan, new_plan
 __all__ = ["modelpar_backend"]
 
 _warned: set[str] = set()
+# Over a process group: the training forward's layer -> device map of each
+# user function, which its inference graphs keep (Note [One home per
+# parameter] in distributed.py).
+_world_layers: dict[tuple[str, str, int], dict[str, int]] = {}
 
 
 def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -455,12 +459,18 @@ class _Capture:
             placement = joint.plans[kind.value]
         else:
             pinned = self.layer_device if kind is GraphKind.BACKWARD else None
+            if self.opts.world and kind is GraphKind.INFERENCE:
+                # Note [One home per parameter] (distributed.py): an inference
+                # graph keeps the training step's layer -> device map.
+                pinned = _world_layers.get(self.plan_key()) or None
             placement = plan_graph(graph, devices=self.opts.devices,
                                    memory=self.opts.memory,
                                    placer=self.opts.placer or "m-etf",
                                    dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:
             self.layer_device.update(placement.layer_devices)
+        if self.opts.world and kind is GraphKind.FORWARD:
+            _world_layers.setdefault(self.plan_key(), {}).update(placement.layer_devices)
         if self.opts.world:
             return placement, self.on_ranks(placement.program, kind, imported)
         ex = Executor(placement.program, device_map=self.opts.executor_device_map, threads_per_device=1,
@@ -468,6 +478,11 @@ class _Capture:
                       replay="graphs" if self.opts.cuda_graphs else "streams")
         self.executors[kind.value] = ex
         return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind)
+
+    def plan_key(self) -> tuple[str, str, int]:
+        """The user function this capture compiles (same for its training and
+        inference graphs)."""
+        return (self.plan.filename, self.plan.function, self.plan.line)
 
     def on_ranks(self, program: Any, kind: GraphKind, imported: Any) -> Any:
         """``program`` bound to this rank's RankExecutor (distributed.py),
@@ -487,7 +502,7 @@ class _Capture:
         elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:
             replicated = sorted({o for o in imported.output_map[:self.num_fwd_outputs] if o >= 0})
         else:  # inference, or a forward planned alone: every output
-            replicated = list(range(len(program.graph.outputs)))
+            replicated = list(range(len(program.graph.output_names)))
         ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
                           timeout_s=self.opts.peer_timeout, replicated_outputs=replicated)
         self.executors[kind.value] = ex

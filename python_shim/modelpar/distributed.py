@@ -164,7 +164,7 @@ class RankExecutor:
         self.backend = str(dist.get_backend(group))
         self.timeout_s = timeout_s
         self.rank_now = dist.get_rank(group)
-        self.local_inputs = [d == self.rank_now for d in _C.input_devices(program)]
+        self.input_devices = list(_C.input_devices(program))
         self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
                                    output_homes=[tuple(h) for h in output_homes], verify=verify)
@@ -179,7 +179,7 @@ class RankExecutor:
                 names the failed rank (Note [Naming the failed rank]).
         """
         inputs = list(inputs)
-        _note_inputs(inputs, self.local_inputs)
+        _note_inputs(inputs, self.input_devices, self.rank_now)
         try:
             return self._ex.run(inputs)
         except PeerError as e:
@@ -231,11 +231,33 @@ _read_here: dict[int, Any] = {}
 _read_elsewhere: dict[int, Any] = {}
 
 
-def _note_inputs(inputs: Sequence[Any], local: Sequence[bool]) -> None:
+_bound_on: dict[int, tuple[Any, int]] = {}  # parameter -> the rank that binds it
+
+
+def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int) -> None:
+    """Notes what this run reads (Note [Parameters other ranks own]).
+
+    Raises:
+        ExecutionError: a parameter bound on another rank than in an earlier
+            graph (Note [One home per parameter]); nothing has run yet.
+    """
     import weakref
-    for t, here in zip(inputs, local):
-        if isinstance(t, torch.Tensor):
-            (_read_here if here else _read_elsewhere)[id(t)] = weakref.ref(t)
+    for t, d in zip(inputs, devices):
+        if not isinstance(t, torch.Tensor):
+            continue
+        (_read_here if d == rank else _read_elsewhere)[id(t)] = weakref.ref(t)
+        if isinstance(t, torch.nn.Parameter):
+            seen = _bound_on.get(id(t))
+            if seen is not None and seen[0]() is t and seen[1] != d:
+                raise ExecutionError(
+                    f"modelpar distributed: this graph binds a parameter of shape "
+                    f"{tuple(t.shape)} on rank {d}, but an earlier graph bound it on rank "
+                    f"{seen[1]}, whose optimizer updates it; rank {d}'s copy is stale, so this "
+                    "graph would compute with old weights (Note [One home per parameter]). "
+                    "Graphs planned apart (an inference graph under no_grad) must place "
+                    "parameters as the training step does; not yet supported over a "
+                    "process group: run inference in the training graph's placement")
+            _bound_on[id(t)] = (weakref.ref(t), d)
 
 
 def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
@@ -262,6 +284,15 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
             t.data = fresh
     return released
 
+
+# Note [One home per parameter]: a rank's optimizer updates only the
+# parameters whose gradient it gets, those its programs bind; other ranks'
+# copies go stale. Every graph compiled over the group must therefore bind a
+# parameter on the same rank. The joint forward/backward plan and a
+# pipeline's step guarantee it; a graph planned apart (an inference graph
+# under no_grad) may not, and running it would silently read stale weights:
+# the rank executor's wrapper remembers where each parameter was bound and
+# refuses a run that binds it elsewhere.
 
 # Note [Naming the failed rank]: a rank whose own step fails (an operator
 # raised, a bad input) writes `modelpar/fault/<rank>` = "failed: <message>"

@@ -8,7 +8,7 @@ Scenarios:
       devices="world" (or a pipeline over the ranks: "gpipe" / "1f1b"; "none"),
       against eager in this process: the loss of each step, every gradient
       (summed over ranks: each exists on its owner only) and the parameters
-      after STEPS momentum-SGD steps. With "release", the parameters other
+      after STEPS momentum-SGD steps, then one inference (no_grad) step. With "release", the parameters other
       ranks own are released after step 0 (filled with NaN: never read).
   fault raise|kill|hang RANK  rank RANK fails in step 1 (raises, is killed,
       or sleeps); the others must raise modelpar.ExecutionError naming it.
@@ -106,9 +106,20 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
         dist.all_reduce(mine)
         tol.assert_close(mine, dict(eager.named_parameters())[n].detach(),
                          msg=lambda m: f"parameter {n} after {steps} steps: {m}")
+    # An inference graph (no_grad), planned alone: it equals eager, or (when
+    # its plan binds a parameter on another rank than training did) it is
+    # refused before it runs; never stale weights.
+    x, y = (t.to(dev) for t in case.batch(steps, case.batch_size))
+    inference = "ok"
+    with torch.no_grad():
+        try:
+            tol.assert_close(fast(x, y), case.loss(eager(x), y))
+        except modelpar.ExecutionError as e:
+            assert "earlier graph bound it on rank" in str(e), str(e)
+            inference = "refused"
     own = sorted(owners)
     _result(rank=dist.get_rank(), losses=losses, owned=own,
-            plan=str(modelpar.plans()[-1].runs_on), released=released)
+            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference)
 
 
 def fault(how: str, bad_rank: int) -> None:
