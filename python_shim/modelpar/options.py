@@ -43,7 +43,8 @@ from typing import Any
 
 from .errors import ConfigError
 from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, DEVICE_WORDS, LOSS_REDUCTIONS,
-                           PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS, check_devices)
+                           MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS,
+                           check_devices)
 
 __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
 
@@ -249,7 +250,7 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     world = (isinstance(devices, str) and devices in DEVICE_WORDS) or process_group is not None
     if not (isinstance(devices, str) and devices in DEVICE_WORDS):
         if isinstance(devices, str):
-            raise _bad("devices", devices, f"an int from 1 to 64 or one of "
+            raise _bad("devices", devices, f"an int from 1 to {MAX_DEVICES} or one of "
                        f"{', '.join(map(repr, DEVICE_WORDS))}")
         check_devices("options", devices)
     if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) \
