@@ -21,6 +21,7 @@
 #include "runtime/check.h"
 #include "runtime/op_call.h"
 #include "runtime/rank_messages.h"
+#include "runtime/rank_schedule.h"
 #include "runtime/value_types.h"
 
 namespace modelpar::runtime {
@@ -102,7 +103,7 @@ class RankExecutor::Impl {
                 program_.numDevices(), " devices but the process group has ", size_,
                 " ranks; plan with devices equal to the world size (devices='world')");
     if (options_.verify) ir::verify(program_);
-    if (group_->getBackendName() == "nccl") checkPairOrder();
+    if (group_->getBackendName() == "nccl") checkPairOrder(program_);
     const ir::Graph& g = program_.graph();
     ops_.reserve(g.numNodes());
     writes_.resize(g.numNodes());
@@ -113,7 +114,9 @@ class RankExecutor::Impl {
     for (size_t k = 0; k < g.inputs().size(); ++k) {
       if (g.inputs()[k].device.value_or(0) == rank_) local_inputs_.push_back(k);
     }
-    findHolders();
+    OutputPlaces places = outputPlaces(program_);
+    holders_ = std::move(places.holder);
+    present_ = std::move(places.present);
     for (size_t k : options_.replicated_outputs) {
       MP_RT_CHECK(k < g.outputs().size(), ConfigError, "modelpar rank executor: replicated output ",
                   k, " of ", g.outputs().size(), " graph outputs");
@@ -182,68 +185,6 @@ class RankExecutor::Impl {
                              ir::printInstruction(program_.graph(), inst));
     if (inst.kind == Kind::Run) s += ", " + ops_[static_cast<size_t>(inst.node)].opName();
     return s + ")";
-  }
-
-  // NCCL ignores tags: it pairs a rank's sends to a peer with the peer's
-  // receives from it in issue order. So over NCCL every pair of lists must
-  // send and receive the same values in the same order, which the verifier
-  // (Program semantics: a mailbox per value) does not require.
-  void checkPairOrder() const {
-    const ir::Graph& g = program_.graph();
-    const int n = program_.numDevices();
-    std::vector<std::vector<std::vector<ir::ValueId>>> sent(
-        static_cast<size_t>(n), std::vector<std::vector<ir::ValueId>>(static_cast<size_t>(n)));
-    auto received = sent;
-    for (int d = 0; d < n; ++d) {
-      for (const ir::Instruction& inst : program_.schedule(d)) {
-        if (inst.kind == Kind::Send) sent[static_cast<size_t>(d)][static_cast<size_t>(inst.peer)].push_back(inst.value);
-        if (inst.kind == Kind::Recv) received[static_cast<size_t>(inst.peer)][static_cast<size_t>(d)].push_back(inst.value);
-      }
-    }
-    for (int a = 0; a < n; ++a) {
-      for (int b = 0; b < n; ++b) {
-        const auto& s = sent[static_cast<size_t>(a)][static_cast<size_t>(b)];
-        const auto& r = received[static_cast<size_t>(a)][static_cast<size_t>(b)];
-        for (size_t k = 0; k < std::min(s.size(), r.size()); ++k) {
-          MP_RT_CHECK(s[k] == r[k], ConfigError, "modelpar rank executor: over NCCL, device ", a,
-                      "'s transfer ", k, " to device ", b, " is %", g.value(s[k]).name,
-                      " but device ", b, " receives %", g.value(r[k]).name,
-                      " there; NCCL pairs transfers by order, not by tag, so this program "
-                      "cannot run over NCCL (use Gloo, or a schedule whose transfers keep order)");
-        }
-      }
-    }
-  }
-
-  // Which device holds each graph output when the program ends.
-  void findHolders() {
-    const ir::Graph& g = program_.graph();
-    std::vector<std::vector<bool>> has(static_cast<size_t>(size_), std::vector<bool>(g.numValues()));
-    for (const ir::Input& in : g.inputs()) {
-      has[static_cast<size_t>(in.device.value_or(0))][static_cast<size_t>(in.value)] = true;
-    }
-    for (int d = 0; d < size_; ++d) {
-      std::vector<bool>& h = has[static_cast<size_t>(d)];
-      for (const ir::Instruction& inst : program_.schedule(d)) {
-        if (inst.kind == Kind::Run) {
-          for (ir::ValueId v : g.node(inst.node).outputs) h[static_cast<size_t>(v)] = true;
-        } else if (inst.kind == Kind::Recv) {
-          h[static_cast<size_t>(inst.value)] = true;
-        } else if (inst.kind == Kind::Free) {
-          h[static_cast<size_t>(inst.value)] = false;
-        }
-      }
-    }
-    for (ir::ValueId v : g.outputs()) {
-      int holder = -1;
-      std::vector<bool> present(static_cast<size_t>(size_));
-      for (int d = 0; d < size_; ++d) {
-        present[static_cast<size_t>(d)] = has[static_cast<size_t>(d)][static_cast<size_t>(v)];
-        if (holder < 0 && present[static_cast<size_t>(d)]) holder = d;
-      }
-      holders_.push_back(holder);
-      present_.push_back(std::move(present));
-    }
   }
 
   // output_homes: every holder posts its sends first, then homes receive, so
