@@ -36,8 +36,8 @@ import torch
 from . import _C
 from .errors import ConfigError, ExecutionError, PeerError
 
-__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "RankStep", "RankExecutor",
-           "release_unowned"]
+__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "check_homes", "RankStep",
+           "RankExecutor", "release_unowned"]
 
 #: The ``devices`` value that means "one device per rank of the group".
 WORLD = "world"
@@ -145,6 +145,39 @@ def check_backend(group: Any, example_inputs: Sequence[Any]) -> str:
     if kind == "cuda":
         return f"cuda:{torch.cuda.current_device()}"
     return "cpu"
+
+
+# (user function) -> parameter or buffer input name -> the rank the training
+# step binds it on (Note [One home per parameter]).
+_homes: dict[Any, dict[str, int]] = {}
+
+
+def check_homes(program: Any, key: Any, training: bool) -> None:
+    """Records (``training``) or checks where ``program`` binds its
+    parameters and buffers, by input name, for the user function ``key``.
+    Every rank holds the same program (check_same_plan), so every rank
+    decides alike, at compile time.
+
+    Raises:
+        ConfigError: a graph (an inference graph planned apart) binds a
+            parameter on another rank than the training step does.
+    """
+    graph = program.graph
+    places = zip(graph.input_names, _C.graph_input_roles(graph), _C.input_devices(program))
+    homes = _homes.setdefault(key, {})
+    for name, role, device in places:
+        if role == "input":
+            continue
+        if training:
+            homes[name] = device
+        elif homes.get(name, device) != device:
+            raise ConfigError(
+                f"modelpar distributed: this graph binds %{name} on rank {device}, but the "
+                f"training step binds it on rank {homes[name]}, whose optimizer updates it; "
+                f"rank {device}'s copy is stale (Note [One home per parameter]). Graphs planned "
+                "apart (an inference graph under no_grad, a pipeline's inference partition) "
+                "must place parameters as the training step does; over a process group that is "
+                "not yet guaranteed: evaluate with the training graph, or on one process")
 
 
 class RankExecutor:
@@ -290,8 +323,10 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
 # copies go stale. Every graph compiled over the group must therefore bind a
 # parameter on the same rank. The joint forward/backward plan and a
 # pipeline's step guarantee it; a graph planned apart (an inference graph
-# under no_grad) may not, and running it would silently read stale weights:
-# the rank executor's wrapper remembers where each parameter was bound and
+# under no_grad) may not, and running it would silently read stale weights.
+# check_homes() refuses such a graph at compile time, by input name, on every
+# rank alike (their programs are the same); as a safety net the rank
+# executor's wrapper also remembers where each parameter tensor was bound and
 # refuses a run that binds it elsewhere.
 
 # Note [Naming the failed rank]: a rank whose own step fails (an operator
