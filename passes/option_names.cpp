@@ -19,7 +19,7 @@ std::vector<OptionValues> optionValues() {
   return {{"placer", kPlacerNames},          {"schedule", kPipelineScheduleNames},
           {"partition", kPartitionMethodNames}, {"checkpoint", kCheckpointModeNames},
           {"batch_norm", kBatchNormModeNames},  {"loss_reduction", kLossReductionNames},
-          {"strategy", kStrategyNames}};
+          {"strategy", kStrategyNames},       {"devices", kDeviceWordNames}};
 }
 
 std::string quotedList(std::span<const std::string_view> values) {

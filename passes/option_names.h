@@ -38,6 +38,10 @@ inline constexpr std::string_view kLossReductionNames[] = {"auto", "mean", "sum"
 /// search over placers and pipelines by simulation ("auto", passes/search/).
 inline constexpr std::string_view kStrategyNames[] = {"manual", "auto"};
 
+/// `devices` given as a word instead of a count: one logical device per rank
+/// of the torch.distributed process group (python_shim/modelpar/distributed.py).
+inline constexpr std::string_view kDeviceWordNames[] = {"world"};
+
 /// One option and its valid values, for listing (modelpar._C.option_names()).
 struct OptionValues {
   std::string_view option;

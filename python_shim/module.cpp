@@ -18,6 +18,7 @@ namespace modelpar {
 void bindCompile(py::module_& m);  // bind_compile.cpp: CompiledGraph (torch.compile backend)
 void bindBackend(py::module_& m);  // bind_backend.cpp: the modelpar device
 void bindExecutor(py::module_& m);  // bind_executor.cpp: Executor (multi-device runtime)
+void bindRankExecutor(py::module_& m);  // bind_rank_executor.cpp: RankExecutor (one rank of a process group)
 void bindPlan(py::module_& m);  // bind_plan.cpp: plan_graph, PlacementPlan (passes/plan_placement.h)
 void bindPasses(py::module_& m);  // bind_passes.cpp: run_passes (passes/pass_registry.h)
 void bindSearch(py::module_& m);  // bind_search.cpp: search_strategy (passes/search/strategy_search.h)
@@ -53,6 +54,8 @@ void translate(std::exception_ptr p) {
     raise("PlanDoesNotFitError", e.what());
   } catch (const ConfigError& e) {
     raise("ConfigError", e.what());
+  } catch (const runtime::PeerError& e) {
+    raise("PeerError", e.what(), e.peer());
   } catch (const ExecutionError& e) {
     raise("ExecutionError", e.what());
   } catch (const InternalError& e) {
@@ -144,6 +147,7 @@ PYBIND11_MODULE(_C, m) {
   bindCompile(m);
   bindBackend(m);
   bindExecutor(m);
+  bindRankExecutor(m);
   bindPlan(m);
   bindPasses(m);
   bindSearch(m);

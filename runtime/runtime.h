@@ -8,5 +8,6 @@
 #include "runtime/interpreter.h"
 #include "runtime/op_call.h"
 #include "runtime/program_interpreter.h"
+#include "runtime/rank_executor.h"
 #include "runtime/sym_ops.h"
 #include "runtime/value_types.h"

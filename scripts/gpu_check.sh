@@ -17,7 +17,8 @@
 #      build-gpu/logs without $OUT. Exit status: non-zero if any step failed.
 #
 # Environment: CUDA_ARCH (default 9.0: H100/H200), MODELPAR_JOBS (default all
-# cores), GPU_CHECK_FILTER (gtest filter, default 'Cuda*').
+# cores), GPU_CHECK_FILTER (gtest filter, default 'Cuda*'), GPU_CHECK_DIST=1
+# (also issue 13's NCCL run over 2 GPUs, step 3 below).
 # Not run yet: written in a session without a GPU (see bench/RESULTS.md).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -77,5 +78,28 @@ for tool in memcheck racecheck synccheck; do
   grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$logs/sanitizer-$tool.log" | tail -5
   [ "$rc" = 0 ] || { echo "   $tool: exit $rc (log: sanitizer-$tool.log)"; status=1; }
 done
+# 3. Issue 13 over NCCL: m-ETF training over 2 ranks (one GPU each) against
+#    eager, tests/python/dist_worker.py with MODELPAR_DIST_BACKEND=nccl. Needs
+#    2 GPUs (NCCL refuses two ranks on one GPU) and the Python extension with
+#    passes/ (COIN-OR CLP/CBC on the machine), so it runs only with
+#    GPU_CHECK_DIST=1. Not run yet: written in a session without a GPU.
+if [ "${GPU_CHECK_DIST:-0}" = 1 ]; then
+  ngpu=$(nvidia-smi -L | wc -l)
+  if [ "$ngpu" -lt 2 ]; then
+    echo "== distributed (NCCL): skipped, needs 2 GPUs, found $ngpu"
+  else
+    dist_build="$root/build-gpu-dist"
+    [ -f "$dist_build/build.ninja" ] || cmake -S . -B "$dist_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DPython_EXECUTABLE="$py" -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
+      -DMODELPAR_WITH_CUDA=ON -DTORCH_CUDA_ARCH_LIST="${CUDA_ARCH:-9.0}" >"$logs/dist-configure.log" 2>&1
+    cmake --build "$dist_build" -j "${MODELPAR_JOBS:-$(nproc)}" --target _C >"$logs/dist-build.log" 2>&1 &&
+      MODELPAR_DIST_BACKEND=nccl PYTHONPATH="$dist_build/python" timeout 300 \
+        "$py" -m torch.distributed.run --nproc-per-node 2 tests/python/dist_worker.py train mlp 3 none \
+        >"$logs/dist-nccl.log" 2>&1
+    rc=$?
+    grep -E "^RESULT|Error" "$logs/dist-nccl.log" | tail -4
+    [ "$rc" = 0 ] || { echo "   distributed (NCCL): exit $rc (log: dist-nccl.log)"; status=1; }
+  fi
+fi
 echo "gpu check: $([ $status = 0 ] && echo ok || echo FAILED); logs in $logs"
 exit $status

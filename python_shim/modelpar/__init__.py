@@ -15,6 +15,7 @@ from .errors import (
     ConfigError,
     Error,
     ExecutionError,
+    PeerError,
     InternalError,
     InvalidIrError,
     ParseError,
@@ -39,6 +40,7 @@ from .executor import Executor, capture_issues, cuda_devices_built
 from .interpreter import RuntimeValue, run_graph, run_program
 from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_program
 from .options import CompileOptions, resolve_options
+from .distributed import release_unowned
 from .pipeline_passes import (
     CHECKPOINT_MODES,
     PARTITION_METHODS,
@@ -71,6 +73,7 @@ __all__ = [
     "ConfigError",
     "Error",
     "ExecutionError",
+    "PeerError",
     "Executor",
     "Graph",
     "GraphRecord",
@@ -112,6 +115,7 @@ __all__ = [
     "plans",
     "reset_device_counters",
     "resolve_options",
+    "release_unowned",
     "run_graph",
     "run_program",
     "scope",

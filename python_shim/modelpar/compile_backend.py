@@ -58,6 +58,10 @@ from .plan import GraphRecord, Plan, new_plan
 __all__ = ["modelpar_backend"]
 
 _warned: set[str] = set()
+# Over a process group: the training forward's layer -> device map of each
+# user function, which its inference graphs keep (Note [One home per
+# parameter] in distributed.py).
+_world_layers: dict[tuple[str, str, int], dict[str, int]] = {}
 
 
 def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
@@ -79,6 +83,9 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         _retrace_with_a_symbolic_batch(gm, example_inputs, roles)
     plan = new_plan(*_user_code(gm), opts)
     capture = _Capture(plan, opts, roles)
+    if opts.world:  # one device per rank (distributed.py)
+        from .distributed import check_backend
+        capture.rank_device = check_backend(opts.process_group, example_inputs)
     partitioner = (min_cut_rematerialization_partition if opts.partitioner == "min_cut"
                    else default_partition)
 
@@ -263,6 +270,8 @@ class _Capture:
         self.joint: _JointPlans | None = None
         self.pipe: Any = None  # pipeline: the PipelineStep the partitioner built
         self.pipe_texts: dict[str, str] = {}
+        self.rank_device = "cpu"  # world: where this rank's tensors live
+        self.num_fwd_outputs: int | None = None  # planned: the forward's user-visible outputs
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -332,6 +341,7 @@ class _Capture:
         """
         from .planning import plan_joint
         name = self.plan.name
+        self.num_fwd_outputs = num_fwd_outputs
         try:
             fw = import_graph(fw_module, GraphKind.FORWARD, f"{name}_forward", self.describe_input,
                               self.layer_of_seq)
@@ -373,6 +383,7 @@ class _Capture:
         if pipeline:
             from .compile_pipeline import PipelineStep
             step = PipelineStep(self.opts, self.plan, name)
+            step.rank_device = self.rank_device
             scalar = _scalar_tangent(bw_module, fw_module, num_fwd_outputs or 0)
             step.join(fw_graph, bw_graph, fw_module, bw_module, num_fwd_outputs or 0, saved,
                       tangents, fw.output_map, bw.output_map, scalar, fw.constants, bw.constants)
@@ -405,6 +416,7 @@ class _Capture:
         from .compile_pipeline import PipelineStep
         if kind is GraphKind.INFERENCE:
             step = PipelineStep(self.opts, self.plan, self.plan.name)
+            step.rank_device = self.rank_device
             step.inference(graph, gm, imported.output_map, imported.constants)
             return step.forward()
         pipe = self.pipe
@@ -449,6 +461,10 @@ class _Capture:
             placement = joint.plans[kind.value]
         else:
             pinned = self.layer_device if kind is GraphKind.BACKWARD else None
+            if self.opts.world and kind is GraphKind.INFERENCE:
+                # Note [One home per parameter] (distributed.py): an inference
+                # graph keeps the training step's layer -> device map.
+                pinned = _world_layers.get(self.plan_key()) or None
             placement = plan_graph(graph, devices=self.opts.devices,
                                    memory=self.opts.memory,
                                    machine=machine_for(self.opts.executor_device_map),
@@ -456,11 +472,47 @@ class _Capture:
                                    dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:
             self.layer_device.update(placement.layer_devices)
+        if self.opts.world and kind is GraphKind.FORWARD:
+            _world_layers.setdefault(self.plan_key(), {}).update(placement.layer_devices)
+        if self.opts.world:
+            return placement, self.on_ranks(placement.program, kind, imported)
         ex = Executor(placement.program, device_map=self.opts.executor_device_map, threads_per_device=1,
                       record_trace=self.opts.trace is not None,
                       replay="graphs" if self.opts.cuda_graphs else "streams")
         self.executors[kind.value] = ex
         return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind)
+
+    def plan_key(self) -> tuple[str, str, int]:
+        """The user function this capture compiles (same for its training and
+        inference graphs)."""
+        return (self.plan.filename, self.plan.function, self.plan.line)
+
+    def on_ranks(self, program: Any, kind: GraphKind, imported: Any) -> Any:
+        """``program`` bound to this rank's RankExecutor (distributed.py),
+        after every rank has checked it planned the same program. Every
+        rank gets the forward's user-visible outputs (the loss), which their
+        holder broadcasts; saved activations and gradients stay where the
+        plan put them.
+
+        Raises:
+            ConfigError: the ranks planned differently.
+        """
+        from .distributed import RankExecutor, RankStep, check_homes, check_same_plan
+        check_same_plan(str(program), self.opts.process_group,
+                        f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
+        if kind is not GraphKind.BACKWARD:
+            check_homes(program, self.plan_key(), training=kind is GraphKind.FORWARD)
+        if kind is GraphKind.BACKWARD:
+            replicated: list[int] = []
+        elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:
+            replicated = sorted({o for o in imported.output_map[:self.num_fwd_outputs] if o >= 0})
+        else:  # inference, or a forward planned alone: every output
+            replicated = list(range(len(program.graph.output_names)))
+        ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
+                          timeout_s=self.opts.peer_timeout, replicated_outputs=replicated)
+        self.executors[kind.value] = ex
+        return RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
+                        placeholders=kind is GraphKind.FORWARD)
 
     def fallback(self, gm: torch.fx.GraphModule, kind: GraphKind, graph: Any, what: str,
                  detail: str, error: Exception) -> Callable[..., Any]:

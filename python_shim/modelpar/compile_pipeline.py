@@ -135,6 +135,7 @@ class PipelineStep:
         self.graph_kind = "training"
         self.batch_input = -1  # the forward input whose dim 0 is the batch
         self.constants: dict[str, torch.Tensor] = {}  # joint graph input name -> lifted constant
+        self.rank_device = "cpu"  # world: where this rank's tensors live
 
     # -- building --------------------------------------------------------
 
@@ -244,10 +245,14 @@ class PipelineStep:
             programs = [first, second]
         else:
             programs = [plan.program]
-        executors = [Executor(p, device_map=self.opts.executor_device_map, threads_per_device=1,
-                              record_trace=self.opts.trace is not None,
-                              replay="graphs" if self.opts.cuda_graphs else "streams")
-                     for p in programs]
+        if self.opts.world:
+            self.built_programs = programs
+            executors = [self.on_ranks(p, k, batch) for k, p in enumerate(programs)]
+        else:
+            executors = [Executor(p, device_map=self.opts.executor_device_map, threads_per_device=1,
+                                  record_trace=self.opts.trace is not None,
+                                  replay="graphs" if self.opts.cuda_graphs else "streams")
+                         for p in programs]
         built = _Built(plan, executors,
                        [{n: i for i, n in enumerate(p.graph.output_names)} for p in programs],
                        [list(p.graph.input_names) for p in programs])
@@ -279,6 +284,35 @@ class PipelineStep:
         from .step_search import search_step
         return search_step(self.graph, self.opts, self.options, self.mode == "split", batch,
                            machine, values, self.record)
+
+    def on_ranks(self, program: Any, k: int, batch: int) -> Any:
+        """Program ``k`` of the step bound to this rank's RankExecutor
+        (distributed.py): stage s runs on rank s. Every rank gets the user's
+        outputs (the loss), which their holder broadcasts; gradients and
+        carried values stay on the rank that made them (None elsewhere).
+
+        Raises:
+            ConfigError: the ranks planned differently.
+        """
+        from .distributed import RankExecutor, check_homes, check_same_plan
+        check_same_plan(str(program), self.opts.process_group,
+                        f"the pipelined step of {self.name} at batch {batch}",
+                        self.opts.peer_timeout)
+        if k == 0:  # the program that binds the forward's inputs
+            check_homes(program, (self.record.filename, self.record.function, self.record.line),
+                        training=self.graph_kind == "training")
+        index = {n: i for i, n in enumerate(program.graph.output_names)}
+        replicated = sorted({index[n] for n in self.fw_out_names if n and n in index})
+        # A gradient goes to the rank that binds its parameter (and so updates
+        # it): the first program binds every forward input.
+        first = self.built_programs[0] if k else program
+        device_of = dict(zip(first.graph.input_names, _C.input_devices(first)))
+        homes = sorted({(index[g], device_of[x])
+                        for g, x in zip(self.bw_out_names, self.fw_input_names)
+                        if g and g in index and x in device_of})
+        return RankExecutor(program, self.opts.process_group, device=self.rank_device,
+                            timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
+                            output_homes=homes)
 
     # -- running ---------------------------------------------------------
 

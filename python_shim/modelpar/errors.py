@@ -12,6 +12,7 @@ __all__ = [
     "PlanDoesNotFitError",
     "ConfigError",
     "ExecutionError",
+    "PeerError",
     "InternalError",
 ]
 
@@ -51,6 +52,17 @@ class ExecutionError(Error):
     """A failure while running a graph or program: wrong inputs, a failing
     operator (named with its node, and in a program its device and
     instruction), a deadlock at run time."""
+
+
+class PeerError(ExecutionError):
+    """A transfer with another rank of a process group that did not complete
+    within the timeout: that rank (``peer``) raised, was killed, or waits on
+    a rank that did. modelpar's distributed runs turn it into an
+    ExecutionError naming the failed rank (distributed.py)."""
+
+    def __init__(self, message: str, peer: int = -1) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class InternalError(Error):

@@ -17,7 +17,8 @@ from . import _C
 from .errors import ConfigError
 
 __all__ = ["PLACERS", "PIPELINE_SCHEDULES", "PARTITION_METHODS", "CHECKPOINT_MODES",
-           "BATCH_NORM_MODES", "LOSS_REDUCTIONS", "STRATEGIES", "MAX_DEVICES", "check_one_of", "check_devices"]
+           "BATCH_NORM_MODES", "LOSS_REDUCTIONS", "STRATEGIES", "DEVICE_WORDS", "MAX_DEVICES",
+           "check_one_of", "check_devices"]
 
 # A build without passes/ (MODELPAR_WITH_PASSES=OFF) has no names: every
 # planning option is then refused (planning.py says why).
@@ -30,6 +31,8 @@ CHECKPOINT_MODES: tuple[str, ...] = tuple(_NAMES.get("checkpoint", ()))
 BATCH_NORM_MODES: tuple[str, ...] = tuple(_NAMES.get("batch_norm", ()))
 LOSS_REDUCTIONS: tuple[str, ...] = tuple(_NAMES.get("loss_reduction", ()))
 STRATEGIES: tuple[str, ...] = tuple(_NAMES.get("strategy", ()))
+#: Words ``devices`` takes besides a count: ``"world"`` (one device per rank).
+DEVICE_WORDS: tuple[str, ...] = tuple(_NAMES.get("devices", ()))
 MAX_DEVICES: int = int(_NAMES.get("max_devices", 64))
 
 

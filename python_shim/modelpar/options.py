@@ -18,6 +18,9 @@ silently ignored.
 | ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (False), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile_pipeline.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them. Not with ``placer`` or ``pipeline`` (those pick by hand) |
+| ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed.py) |
+| ``process_group`` | None or a ``torch.distributed.ProcessGroup`` | None | works: plan over this group's ranks (``devices``, when a count, must equal its size); None with ``devices="world"``: the default group |
+| ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
 
 Any of ``devices`` > 1, ``memory``, ``trace`` or a CUDA ``device_map``
@@ -44,8 +47,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .errors import ConfigError
-from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, LOSS_REDUCTIONS, PARTITION_METHODS,
-                           MAX_DEVICES, PIPELINE_SCHEDULES, PLACERS, STRATEGIES, check_devices)
+from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, DEVICE_WORDS, LOSS_REDUCTIONS,
+                           MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS,
+                           STRATEGIES, check_devices)
 
 __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
 
@@ -116,7 +120,11 @@ class CompileOptions:
     cuda_graphs: bool = False
     trace: str | None = None
     strategy: str = "manual"
+    process_group: Any = None
+    peer_timeout: float = 30.0
     mode: str = "default"
+    #: Plan over the ranks of ``process_group`` (resolved: never None then).
+    world: bool = False
 
     @property
     def whole_step(self) -> bool:
@@ -129,8 +137,8 @@ class CompileOptions:
     def planned(self) -> bool:
         """Whether graphs are planned by passes' plan() and run by the
         multi-device Executor (else: the one-device interpreter)."""
-        return (self.devices > 1 or self.memory is not None or self.trace is not None
-                or self.whole_step
+        return (self.devices > 1 or self.world or self.memory is not None
+                or self.trace is not None or self.whole_step
                 or self.cuda_graphs or self.device_map not in (None, "cpu"))
 
     @property
@@ -150,7 +158,7 @@ class CompileOptions:
                 if getattr(self, f.name) != getattr(default, f.name)}
 
 
-_KEYS = tuple(f.name for f in fields(CompileOptions) if f.name != "mode")
+_KEYS = tuple(f.name for f in fields(CompileOptions) if f.name not in ("mode", "world"))
 
 
 def _bad(key: str, value: Any, valid: str) -> ConfigError:
@@ -253,7 +261,30 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     # (no options) the search gets one CPU worker device per core.
     autotune = mode.startswith("max-autotune")
     devices = options.get("devices", min(os.cpu_count() or 1, MAX_DEVICES) if autotune else 1)
-    check_devices("options", devices)
+    process_group = options.get("process_group")
+    peer_timeout = options.get("peer_timeout", 30.0)
+    world = (isinstance(devices, str) and devices in DEVICE_WORDS) or process_group is not None
+    if not (isinstance(devices, str) and devices in DEVICE_WORDS):
+        if isinstance(devices, str):
+            raise _bad("devices", devices, f"an int from 1 to {MAX_DEVICES} or one of "
+                       f"{', '.join(map(repr, DEVICE_WORDS))}")
+        check_devices("options", devices)
+    if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) \
+            or not 0 < peer_timeout < float("inf"):
+        raise _bad("peer_timeout", peer_timeout, "a number of seconds > 0")
+    if "peer_timeout" in options and not world:
+        raise ConfigError("modelpar options: peer_timeout is for runs over a process group; give "
+                          "devices='world' (or a process_group), or leave peer_timeout unset")
+    if world:
+        from .distributed import group_of
+        process_group = group_of(process_group)
+        import torch.distributed as dist
+        size = dist.get_world_size(process_group)
+        if not isinstance(devices, str) and devices != size:
+            raise ConfigError(f"modelpar options: devices={devices} but the process group has "
+                              f"{size} ranks; a plan over a process group has one device per "
+                              "rank: give devices='world' or launch as many processes as devices")
+        devices = size
     device_map = options.get("device_map")
     if isinstance(device_map, tuple):
         device_map = list(device_map)
@@ -283,6 +314,15 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     if isinstance(device_map, list) and len(device_map) != devices:
         raise ConfigError(f"modelpar options: device_map={device_map!r} names {len(device_map)} "
                           f"devices but devices={devices}; give one device per logical device")
+    if world:
+        for key, value, default in (("device_map", device_map, None), ("trace", trace, None),
+                                    ("cuda_graphs", cuda_graphs or mode == "reduce-overhead", False),
+                                    ("strategy", strategy, "manual")):
+            if value != default:
+                raise ConfigError(f"modelpar options: {key}={value!r} is not yet supported over a "
+                                  "process group (issue 13): each rank runs on the device its "
+                                  f"tensors are on, by stream replay, without traces. Leave {key} "
+                                  "unset")
     if device_map not in (None, "cpu"):
         _check_cuda(device_map)
     if mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
@@ -307,4 +347,5 @@ def resolve_options(options: Mapping[str, Any] | None = None,
                           placer=placer, memory=memory,
                           pipeline=dict(pipeline) if pipeline is not None else None,
                           cuda_graphs=cuda_graphs, trace=str(trace) if trace else None,
-                          strategy=strategy, mode=mode)
+                          strategy=strategy, mode=mode, process_group=process_group,
+                          peer_timeout=float(peer_timeout), world=world)

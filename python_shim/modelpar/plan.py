@@ -213,6 +213,11 @@ class Plan:
     def runs_on(self) -> str:
         where = {g.runs_on for g in self.graphs.values()}
         if where == {"modelpar"}:
+            if self.options.planned and getattr(self.options, "world", False):
+                how = ("pipeline" if self.options.pipeline is not None
+                       else self.options.placer or "m-etf")
+                return (f"modelpar rank executor, {self.options.devices} ranks of a process "
+                        f"group ({how})")
             if self.options.planned:
                 on = self.options.executor_device_map
                 what = "CPU worker devices" if on == "cpu-workers" else f"devices on {on}"

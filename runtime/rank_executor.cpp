@@ -1,0 +1,511 @@
+// The rank executor (rank_executor.h): one logical device per process, its
+// transfers over a c10d ProcessGroup.
+//
+// The only translation unit of runtime/ that includes c10d's headers;
+// ProcessGroup.hpp pulls in ATen/ATen.h, which the rest of runtime/ avoids.
+#include "runtime/rank_executor.h"
+
+#include <algorithm>
+#include <utility>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_strided.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "ir/printer.h"
+#include "ir/verifier.h"
+#include "runtime/check.h"
+#include "runtime/op_call.h"
+#include "runtime/rank_messages.h"
+#include "runtime/rank_schedule.h"
+#include "runtime/value_types.h"
+
+namespace modelpar::runtime {
+
+// Note [Rank transfers]
+// Rank r runs device r's instruction list on the calling thread. Each
+// `send %v -> p` / `recv %v <- s` of the Program is one message pair on the
+// group, tagged with v's ValueId: a Program sends a value at most once per
+// (value, from, to) in a step, and c10d matches a recv with the sends of the
+// same (peer, tag) in issue order, so pairs match whatever order the two
+// lists issue them in. The verifier's deadlock freedom carries over because
+// the semantics are the Program's own (Note [Program semantics]):
+//
+//   send  posts group.send and returns at once (buffered); the Work and the
+//         sent tensor are kept until the end of the step, or until a later
+//         `run` that writes an input in place reads memory a pending send
+//         reads (that send is finished first: the fence of Note [Lifetime of
+//         sent tensors], per send instead of all of them).
+//   recv  posts group.recv into a fresh tensor and waits for it.
+//
+// A value whose IR type fixes its size travels as one message
+// (rank_messages.h): its strides, then its data in that layout, so a
+// transposed tensor arrives transposed; the receive is posted ahead (Note
+// [Posting receives ahead]). A value with a symbolic size travels as two on
+// its tag: a header (sizes, strides; the rank comes from the IR type) and
+// the data, contiguous (Gloo sends dense buffers only), rebuilt with its
+// strides. An overlapping tensor (expanded) arrives contiguous; a scalar
+// travels as 8 bytes.
+//
+// On GPUs the group is NCCL: ProcessGroupNCCL runs each point-to-point pair
+// on its own stream per (device, peer), makes it wait for the current
+// stream with an event, records the sent and received tensors' use on it
+// (recordStream) and, on Work::wait, makes the current stream wait for it:
+// the per-peer tx stream, events and recordStream of Note [Executor stream
+// protocol], done by c10d instead of by us. The rank executor issues
+// everything on the current stream of `options.device`. NCCL ignores tags
+// and pairs transfers by order, so over NCCL the constructor refuses a
+// program whose send and receive lists of a pair differ in order.
+//
+// Every wait has the executor's timeout: a peer that raised or died makes the
+// wait fail (Gloo: connection closed, or the timeout) and run() throws
+// PeerError naming the peer and the instruction.
+
+namespace {
+
+using Kind = ir::Instruction::Kind;
+using Clock = std::chrono::steady_clock;
+
+bool writesAnInput(const c10::OperatorHandle& op) {
+  for (const c10::Argument& a : op.schema().arguments()) {
+    if (a.alias_info() != nullptr && a.alias_info()->isWrite()) return true;
+  }
+  return false;
+}
+
+std::string errorText(const std::exception& e) {
+  if (const auto* c = dynamic_cast<const c10::Error*>(&e)) return c->what_without_backtrace();
+  return e.what();
+}
+
+// A pending send: its Work and the tensors it reads (kept alive until done).
+struct Pending {
+  c10::intrusive_ptr<c10d::Work> work;
+  std::vector<at::Tensor> keep;
+  size_t instruction = 0;
+  int peer = -1;
+};
+
+}  // namespace
+
+class RankExecutor::Impl {
+ public:
+  Impl(const ir::Program& p, c10::intrusive_ptr<c10d::ProcessGroup> group, RankExecutorOptions o)
+      : program_(p), group_(std::move(group)), options_(std::move(o)) {
+    MP_RT_CHECK(group_, ConfigError, "modelpar rank executor: no process group");
+    rank_ = group_->getRank();
+    size_ = group_->getSize();
+    MP_RT_CHECK(size_ == program_.numDevices(), ConfigError, "modelpar rank executor: the program has ",
+                program_.numDevices(), " devices but the process group has ", size_,
+                " ranks; plan with devices equal to the world size (devices='world')");
+    if (options_.verify) ir::verify(program_);
+    if (group_->getBackendName() == "nccl") checkPairOrder(program_);
+    const ir::Graph& g = program_.graph();
+    ops_.reserve(g.numNodes());
+    writes_.resize(g.numNodes());
+    for (size_t n = 0; n < g.numNodes(); ++n) {
+      ops_.emplace_back(g, static_cast<ir::NodeId>(n));
+      writes_[n] = writesAnInput(ops_.back().handle());
+    }
+    for (size_t k = 0; k < g.inputs().size(); ++k) {
+      if (g.inputs()[k].device.value_or(0) == rank_) local_inputs_.push_back(k);
+    }
+    OutputPlaces places = outputPlaces(program_);
+    holders_ = std::move(places.holder);
+    present_ = std::move(places.present);
+    for (size_t k : options_.replicated_outputs) {
+      MP_RT_CHECK(k < g.outputs().size(), ConfigError, "modelpar rank executor: replicated output ",
+                  k, " of ", g.outputs().size(), " graph outputs");
+    }
+    for (const auto& [k, home] : options_.output_homes) {
+      MP_RT_CHECK(k < g.outputs().size() && home >= 0 && home < size_, ConfigError,
+                  "modelpar rank executor: output home (", k, ", ", home, ") out of range: ",
+                  g.outputs().size(), " graph outputs, ", size_, " devices");
+      if (holders_[k] >= 0 && !present_[k][static_cast<size_t>(home)]) moves_.emplace_back(k, home);
+    }
+    env_.assign(g.numValues(), c10::IValue());
+    const std::vector<ir::Instruction>& mine = program_.schedule(rank_);
+    posted_.resize(mine.size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      if (mine[i].kind == Kind::Recv && packedBytes(g.value(mine[i].value).type)) fixed_recvs_.push_back(i);
+    }
+  }
+
+  std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
+    const ir::Graph& g = program_.graph();
+    MP_RT_CHECK(inputs.size() == g.inputs().size(), ExecutionError, "modelpar rank ", rank_,
+                ": graph @", g.name(), " takes ", g.inputs().size(), " inputs, got ", inputs.size());
+    std::fill(env_.begin(), env_.end(), c10::IValue());
+    pending_.clear();
+    for (size_t k : local_inputs_) {
+      const ir::Value& v = g.value(g.inputs()[k].value);
+      c10::IValue in = std::move(inputs[k]);
+      MP_RT_CHECK(hasType(in, v.type), ExecutionError, "modelpar rank ", rank_, ": input %", v.name,
+                  " of graph @", g.name(), " should be ", ir::toString(v.type), ", got ",
+                  describe(in));
+      if (in.isTensor() && in.toTensor().device() != options_.device) {
+        in = in.toTensor().to(options_.device);
+      }
+      env_[static_cast<size_t>(g.inputs()[k].value)] = std::move(in);
+    }
+    MP_RT_CHECK(!broken_, ExecutionError, "modelpar rank ", rank_, ": a previous step failed (",
+                broken_reason_, "); messages of that step may still be in flight, so this "
+                "executor cannot run again: every rank of the group must stop");
+    try {
+      const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+      next_post_ = taken_ = 0;
+      wait_ns_ = 0;
+      postAhead();
+      for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
+      sendHome();
+      finishSends();
+      std::vector<c10::IValue> out = outputs();
+      std::fill(env_.begin(), env_.end(), c10::IValue());
+      return out;
+    } catch (const std::exception& e) {
+      broken_ = true;
+      broken_reason_ = e.what();
+      std::fill(env_.begin(), env_.end(), c10::IValue());
+      throw;
+    }
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const ir::Program& program() const { return program_; }
+  const std::vector<int>& holders() const { return holders_; }
+
+ private:
+  std::string where(size_t i, const ir::Instruction& inst) const {
+    std::string s = c10::str("modelpar rank ", rank_, ", instruction ", i, " (",
+                             ir::printInstruction(program_.graph(), inst));
+    if (inst.kind == Kind::Run) s += ", " + ops_[static_cast<size_t>(inst.node)].opName();
+    return s + ")";
+  }
+
+  // output_homes: every holder posts its sends first, then homes receive, so
+  // no rank blocks before the sends it needs are issued. The messages use
+  // the output's value id as tag, after every message of the step on it.
+  void sendHome() {
+    const ir::Graph& g = program_.graph();
+    const size_t end = program_.schedule(rank_).size();
+    for (const auto& [k, home] : moves_) {
+      if (holders_[k] != rank_) continue;
+      const ir::ValueId v = g.outputs()[k];
+      for (at::Tensor& t : frame(env_[static_cast<size_t>(v)], g.value(v).type, options_.device)) {
+        std::vector<at::Tensor> one{t};
+        pending_.push_back({group_->send(one, home, static_cast<int>(v)), std::move(one), end, home});
+      }
+    }
+    for (const auto& [k, home] : moves_) {
+      if (home != rank_) continue;
+      const ir::ValueId v = g.outputs()[k];
+      const ir::Instruction inst = ir::Instruction::recv(v, holders_[k]);
+      env_[static_cast<size_t>(v)] = receive(g.value(v).type, [&](at::Tensor& t) {
+        std::vector<at::Tensor> one{t};
+        wait([&] { return group_->recv(one, inst.peer, static_cast<int>(v)); }, end, inst,
+             inst.peer, "sent nothing");
+      });
+    }
+  }
+
+  void step(size_t i, const ir::Instruction& inst) {
+    const ir::Graph& g = program_.graph();
+    switch (inst.kind) {
+      case Kind::Run: {
+        if (writes_[static_cast<size_t>(inst.node)]) fence(inst.node);
+        const ResolvedOp& op = ops_[static_cast<size_t>(inst.node)];
+        std::vector<c10::IValue> out;
+        try {
+          out = op.call(env_);
+        } catch (const Error& e) {
+          MP_RT_THROW(ExecutionError, where(i, inst), ": ", e.what());
+        } catch (const std::exception& e) {
+          MP_RT_THROW(ExecutionError, where(i, inst), ": ", errorText(e));
+        }
+        const std::vector<ir::ValueId>& defs = g.node(inst.node).outputs;
+        for (size_t k = 0; k < defs.size(); ++k) env_[static_cast<size_t>(defs[k])] = std::move(out[k]);
+        return;
+      }
+      case Kind::Send: {
+        const c10::IValue& v = env_[static_cast<size_t>(inst.value)];
+        MP_RT_CHECK(!v.isNone(), ExecutionError, where(i, inst), ": %", g.value(inst.value).name,
+                    " is not on rank ", rank_);
+        const ir::Type& type = g.value(inst.value).type;
+        std::vector<at::Tensor> messages;
+        if (packedBytes(type)) {
+          messages.push_back(pack(v, type, options_.device));
+        } else {
+          messages = frame(v, type, options_.device);
+        }
+        for (at::Tensor& t : messages) {
+          std::vector<at::Tensor> one{t};
+          c10::intrusive_ptr<c10d::Work> work;
+          try {
+            work = group_->send(one, inst.peer, static_cast<int>(inst.value));
+          } catch (const std::exception& e) {
+            throw PeerError(c10::str(where(i, inst), ": the send to rank ", inst.peer,
+                                     " failed: ", errorText(e)), inst.peer);
+          }
+          pending_.push_back({std::move(work), std::move(one), i, inst.peer});
+        }
+        return;
+      }
+      case Kind::Recv: {
+        const ir::Type& type = g.value(inst.value).type;
+        if (packedBytes(type)) {
+          env_[static_cast<size_t>(inst.value)] = takePosted(i, inst);
+          return;
+        }
+        env_[static_cast<size_t>(inst.value)] = receive(type, [&](at::Tensor& t) {
+          std::vector<at::Tensor> one{t};
+          wait([&] { return group_->recv(one, inst.peer, static_cast<int>(inst.value)); },
+               i, inst, inst.peer, "sent nothing");
+        });
+        return;
+      }
+      case Kind::Free: {
+        c10::IValue& v = env_[static_cast<size_t>(inst.value)];
+        MP_RT_CHECK(!v.isNone(), ExecutionError, where(i, inst), ": %", g.value(inst.value).name,
+                    " is not on rank ", rank_);
+        v = c10::IValue();
+        return;
+      }
+    }
+  }
+
+  // Receives one value of `type`; `get(t)` receives one message into t.
+  template <typename Get>
+  c10::IValue receive(const ir::Type& type, Get&& get) {
+    const at::TensorOptions on = at::TensorOptions().device(options_.device);
+    if (!type.isTensor()) {
+      const bool real = type.kind == ir::Type::Kind::Float;
+      at::Tensor t = at::empty({1}, on.dtype(real ? c10::kDouble : c10::kLong));
+      get(t);
+      at::Tensor c = t.cpu();
+      if (real) return c10::IValue(c.data_ptr<double>()[0]);
+      const int64_t n = c.data_ptr<int64_t>()[0];
+      if (type.kind == ir::Type::Kind::Bool) return c10::IValue(n != 0);
+      return c10::IValue(n);
+    }
+    const auto ndim = static_cast<int64_t>(type.shape.size());
+    const at::TensorOptions dt = on.dtype(toC10(type.dtype));
+    if (ndim == 0) {
+      at::Tensor t = at::empty({}, dt);
+      get(t);
+      return t;
+    }
+    at::Tensor h = at::empty({2 * ndim}, on.dtype(c10::kLong));
+    get(h);
+    at::Tensor hc = h.cpu();
+    const int64_t* p = hc.data_ptr<int64_t>();
+    std::vector<int64_t> sizes(p, p + ndim);
+    std::vector<int64_t> strides(p + ndim, p + 2 * ndim);
+    at::Tensor data = at::empty(sizes, dt);
+    get(data);
+    if (strides == contiguousStrides(sizes)) return data;
+    at::Tensor out = at::empty_strided(sizes, strides, dt);
+    out.copy_(data);
+    return out;
+  }
+
+  // Note [Posting receives ahead]: a receive of a fixed size is posted up to
+  // kRecvWindow receives before the instruction that takes it, so that the
+  // data flows while this rank still computes: with Gloo a send moves only
+  // once its receive is posted. The window bounds the buffers held early.
+  static constexpr size_t kRecvWindow = 4;
+
+  void postAhead() {
+    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+    const ir::Graph& g = program_.graph();
+    while (next_post_ < fixed_recvs_.size() && next_post_ < taken_ + kRecvWindow) {
+      const size_t i = fixed_recvs_[next_post_++];
+      const ir::Instruction& inst = sched[i];
+      Posted& p = posted_[i];
+      p.buffer = at::empty({*packedBytes(g.value(inst.value).type)},
+                           at::TensorOptions().dtype(c10::kByte).device(options_.device));
+      std::vector<at::Tensor> one{p.buffer};
+      try {
+        p.work = group_->recv(one, inst.peer, static_cast<int>(inst.value));
+      } catch (const std::exception& e) {
+        throw PeerError(c10::str(where(i, inst), ": the receive from rank ", inst.peer,
+                                 " could not be posted: ", errorText(e)), inst.peer);
+      }
+    }
+  }
+
+  c10::IValue takePosted(size_t i, const ir::Instruction& inst) {
+    postAhead();  // posts instruction i's receive if it is not yet
+    Posted& p = posted_[i];
+    MP_RT_CHECK(p.work, InternalError, where(i, inst), ": its receive was never posted");
+    const auto start = Clock::now();
+    try {
+      p.work->wait(options_.timeout);
+      wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    } catch (const std::exception& e) {
+      throwPeer(i, inst, inst.peer, "sent nothing", start, errorText(e));
+    }
+    c10::IValue v = unpack(p.buffer, program_.graph().value(inst.value).type);
+    p = Posted{};
+    ++taken_;
+    postAhead();
+    return v;
+  }
+
+  // Posts a transfer and waits for it within the timeout.
+  template <typename Post>
+  void wait(Post&& post, size_t i, const ir::Instruction& inst, int peer, const char* what) {
+    const auto start = Clock::now();
+    try {
+      c10::intrusive_ptr<c10d::Work> work = post();
+      work->wait(options_.timeout);
+      wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    } catch (const std::exception& e) {
+      throwPeer(i, inst, peer, what, start, errorText(e));
+    }
+  }
+
+  [[noreturn]] void throwPeer(size_t i, const ir::Instruction& inst, int peer, const char* what,
+                              Clock::time_point start, const std::string& detail) const {
+    const double waited = std::chrono::duration<double>(Clock::now() - start).count();
+    const double limit = std::chrono::duration<double>(options_.timeout).count();
+    throw PeerError(c10::str(where(i, inst), ": rank ", peer, " ", what, " (waited ", waited,
+                             " s of the ", limit, " s timeout): rank ", peer,
+                             " raised, was killed, or waits on a rank that did; ", detail),
+                    peer);
+  }
+
+  // Before an op that writes an input in place: finish the pending sends
+  // that read memory of one of its inputs (the others may stay in flight).
+  void fence(ir::NodeId n) {
+    std::vector<at::Tensor> inputs;
+    for (ir::ValueId v : program_.graph().node(n).inputs()) {
+      const c10::IValue& x = env_[static_cast<size_t>(v)];
+      if (x.isTensor() && x.toTensor().defined()) inputs.push_back(x.toTensor());
+    }
+    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+    std::vector<Pending> still;
+    for (Pending& s : pending_) {
+      const bool reads = std::any_of(s.keep.begin(), s.keep.end(), [&](const at::Tensor& k) {
+        return std::any_of(inputs.begin(), inputs.end(),
+                           [&](const at::Tensor& t) { return k.is_alias_of(t); });
+      });
+      if (!reads) {
+        still.push_back(std::move(s));
+        continue;
+      }
+      const auto start = Clock::now();
+      try {
+        s.work->wait(options_.timeout);
+        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      } catch (const std::exception& e) {
+        throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
+                  errorText(e));
+      }
+    }
+    pending_ = std::move(still);
+  }
+
+  void finishSends() {
+    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
+    for (Pending& s : pending_) {
+      const auto start = Clock::now();
+      try {
+        s.work->wait(options_.timeout);
+        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+      } catch (const std::exception& e) {
+        throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
+                  errorText(e));
+      }
+    }
+    pending_.clear();
+  }
+
+  std::vector<c10::IValue> outputs() {
+    const ir::Graph& g = program_.graph();
+    std::vector<c10::IValue> out(g.outputs().size());
+    for (size_t k = 0; k < out.size(); ++k) {
+      if (holders_[k] == rank_ || present_[k][static_cast<size_t>(rank_)]) {
+        out[k] = env_[static_cast<size_t>(g.outputs()[k])];
+      }
+    }
+    for (const auto& [k, home] : options_.output_homes) {  // only at home
+      out[k] = home == rank_ ? env_[static_cast<size_t>(g.outputs()[k])] : c10::IValue();
+    }
+    for (size_t k : options_.replicated_outputs) out[k] = broadcast(k, out[k]);
+    return out;
+  }
+
+  // Output k from its holder to every rank (two broadcasts for a tensor of
+  // rank >= 1: the header, then the data).
+  c10::IValue broadcast(size_t k, const c10::IValue& mine) {
+    const ir::Graph& g = program_.graph();
+    const ir::Value& v = g.value(g.outputs()[k]);
+    const int root = holders_[k];
+    MP_RT_CHECK(root >= 0, ExecutionError, "modelpar rank ", rank_, ": graph output %", v.name,
+                " is on no device when the program ends (freed, or never computed)");
+    c10d::BroadcastOptions bo;
+    bo.rootRank = root;
+    bo.timeout = options_.timeout;
+    const ir::Instruction here = ir::Instruction::recv(g.outputs()[k], root);
+    const size_t end = program_.schedule(rank_).size();
+    auto one = [&](at::Tensor& t) {
+      std::vector<at::Tensor> ts{t};
+      wait([&] { return group_->broadcast(ts, bo); }, end, here, root, "did not broadcast the output");
+    };
+    if (root == rank_) {
+      for (at::Tensor& t : frame(mine, v.type, options_.device)) one(t);
+      return mine;
+    }
+    return receive(v.type, one);
+  }
+
+  ir::Program program_;
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  RankExecutorOptions options_;
+  int rank_ = 0;
+  int size_ = 0;
+  std::vector<ResolvedOp> ops_;     // by NodeId
+  std::vector<bool> writes_;        // by NodeId: writes an input in place
+  std::vector<size_t> local_inputs_;
+  std::vector<int> holders_;        // by graph output
+  std::vector<std::vector<bool>> present_;  // by graph output, device: holds it at the end
+  std::vector<std::pair<size_t, int>> moves_;  // output_homes its holder must send
+  Env env_;
+  std::vector<Pending> pending_;
+  // A receive posted ahead (Note [Posting receives ahead]).
+  struct Posted {
+    at::Tensor buffer;
+    c10::intrusive_ptr<c10d::Work> work;
+  };
+  std::vector<size_t> fixed_recvs_;  // this rank's receives of a fixed size, in order
+  std::vector<Posted> posted_;       // by instruction
+  size_t next_post_ = 0;             // into fixed_recvs_
+  size_t taken_ = 0;                 // receives of fixed_recvs_ completed this step
+  bool broken_ = false;
+  std::string broken_reason_;
+  int64_t wait_ns_ = 0;  // this step: blocked in waits for peers
+
+ public:
+  int64_t waitNs() const { return wait_ns_; }
+};
+
+RankExecutor::RankExecutor(const ir::Program& p, c10::intrusive_ptr<c10d::ProcessGroup> group,
+                           RankExecutorOptions options)
+    : impl_(std::make_unique<Impl>(p, std::move(group), std::move(options))) {}
+RankExecutor::~RankExecutor() = default;
+
+std::vector<c10::IValue> RankExecutor::run(std::vector<c10::IValue> inputs) {
+  return impl_->run(std::move(inputs));
+}
+int RankExecutor::rank() const { return impl_->rank(); }
+int RankExecutor::worldSize() const { return impl_->size(); }
+const ir::Program& RankExecutor::program() const { return impl_->program(); }
+const std::vector<int>& RankExecutor::outputHolders() const { return impl_->holders(); }
+int64_t RankExecutor::lastStepWaitNs() const { return impl_->waitNs(); }
+
+}  // namespace modelpar::runtime

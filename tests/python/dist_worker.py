@@ -1,0 +1,198 @@
+"""One rank of the distributed tests (test_distributed.py starts N of these,
+or torchrun does). Reads RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT from
+the environment, initialises a Gloo group and runs one scenario; prints
+``RESULT <json>`` on success and exits 1 with the traceback otherwise.
+
+Scenarios:
+  train CASE STEPS [PIPELINE [release]]  the test model CASE, compiled with
+      devices="world" (or a pipeline over the ranks: "gpipe" / "1f1b"; "none"),
+      against eager in this process: the loss of each step, every gradient
+      (summed over ranks: each exists on its owner only) and the parameters
+      after STEPS momentum-SGD steps, then one inference (no_grad) step. With "release", the parameters other
+      ranks own are released after step 0 (filled with NaN: never read).
+  fault raise|kill|hang RANK  rank RANK fails in step 1 (raises, is killed,
+      or sleeps); the others must raise modelpar.ExecutionError naming it.
+  mismatch  rank 1 compiles a model of another width: the plan check raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import sys
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import modelpar  # noqa: E402
+from models import CASES, MLP  # noqa: E402
+
+
+def _device() -> torch.device:
+    """cpu with Gloo; the rank's GPU with NCCL (MODELPAR_DIST_BACKEND=nccl,
+    scripts/gpu_check.sh)."""
+    if os.environ.get("MODELPAR_DIST_BACKEND") == "nccl":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
+def _result(**kw) -> None:
+    print("RESULT " + json.dumps(kw), flush=True)
+
+
+def _owned(model: torch.nn.Module) -> dict[str, bool]:
+    return {n: p.grad is not None for n, p in model.named_parameters()}
+
+
+def _summed(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    out = t.detach().clone() if t is not None else torch.zeros_like(like)
+    dist.all_reduce(out)
+    return out
+
+
+def train(case_name: str, steps: int, pipeline: str | None, release: bool = False) -> None:
+    case = CASES[case_name]
+    tol = case.tol.after(steps=steps)
+    torch.manual_seed(0)  # the same initial parameters on every rank and in eager
+    dev = _device()
+    model = case.make_model().to(dev)
+    eager = copy.deepcopy(model)
+    options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
+    if pipeline and pipeline != "none":
+        options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
+
+    def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return case.loss(model(x), y)
+
+    fast = torch.compile(step_fn, backend="modelpar", options=options)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    losses = []
+    owners: dict[str, int] = {}
+    released = 0
+    for step in range(steps):
+        x, y = (t.to(dev) for t in case.batch(step, case.batch_size))
+        loss = fast(x, y)
+        ref = case.loss(eager(x), y)
+        tol.assert_close(loss.detach(), ref.detach())
+        loss.backward()
+        ref.backward()
+        counts = {}
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            got = _summed(p.grad, p)
+            tol.assert_close(got, q.grad, msg=lambda m: f"step {step}, grad of {n}: {m}")
+            here = torch.tensor([1 if p.grad is not None else 0], device=dev)
+            dist.all_reduce(here)
+            counts[n] = int(here.item())
+            if p.grad is not None:
+                owners[n] = dist.get_rank()
+        assert all(c == 1 for c in counts.values()), f"each gradient on one rank: {counts}"
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+        losses.append(float(loss.detach()))
+        if release and step == 0:  # NaN where other ranks own: any read would show
+            released = modelpar.release_unowned(model, poison=True)
+    # Parameters after the steps: each is current on its owner only.
+    for n, p in model.named_parameters():
+        mine = p.detach().clone() if owners.get(n) == dist.get_rank() else torch.zeros_like(p)
+        dist.all_reduce(mine)
+        tol.assert_close(mine, dict(eager.named_parameters())[n].detach(),
+                         msg=lambda m: f"parameter {n} after {steps} steps: {m}")
+    # An inference graph (no_grad), planned alone: it equals eager, or (when
+    # its plan binds a parameter on another rank than training did) every
+    # rank refuses it at compile time; never stale weights, never a hang.
+    x, y = (t.to(dev) for t in case.batch(steps, case.batch_size))
+    inference = "ok"
+    with torch.no_grad():
+        try:
+            tol.assert_close(fast(x, y), case.loss(eager(x), y))
+        except (torch._dynamo.exc.BackendCompilerFailed, modelpar.ConfigError) as e:
+            # Refused when planned: at compile time (Dynamo wraps the error),
+            # or for a pipeline when it is built at the first call.
+            inner = getattr(e, "inner_exception", e)
+            assert isinstance(inner, modelpar.ConfigError), repr(inner)
+            assert "the training step binds it on rank" in str(inner), str(inner)
+            inference = "refused"
+    own = sorted(owners)
+    _result(rank=dist.get_rank(), losses=losses, owned=own,
+            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference)
+
+
+def fault(how: str, bad_rank: int) -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    opts = {"devices": "world", "strict": True, "peer_timeout": 8.0}
+
+    def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    fast = torch.compile(step_fn, backend="modelpar", options=opts)
+    x, y = torch.randn(8, 16), torch.randn(8, 4)
+    fast(x, y).backward()  # step 0: everyone healthy
+    rank = dist.get_rank()
+    if rank == bad_rank:
+        if how == "raise":
+            raise RuntimeError(f"injected failure on rank {rank}")
+        if how == "kill":
+            os.kill(os.getpid(), 9)
+        time.sleep(60)  # hang: the others time out
+        return
+    start = time.monotonic()
+    try:
+        fast(x, y).backward()
+    except modelpar.ExecutionError as e:
+        _result(rank=rank, error=str(e), seconds=time.monotonic() - start,
+                type=type(e).__name__)
+        os._exit(0)  # do not wait in the group's destructor for the failed rank
+    raise AssertionError(f"rank {rank}: step 1 succeeded although rank {bad_rank} failed")
+
+
+def mismatch() -> None:
+    torch.manual_seed(0)
+    model = MLP(d_hidden=32 if dist.get_rank() == 0 else 48)
+    fast = torch.compile(model, backend="modelpar",
+                         options={"devices": "world", "strict": True, "peer_timeout": 8.0})
+    try:
+        fast(torch.randn(8, 16)).sum().backward()
+    except torch._dynamo.exc.BackendCompilerFailed as e:  # how Dynamo passes on backend errors
+        inner = e.inner_exception
+        assert isinstance(inner, modelpar.ConfigError), repr(inner)
+        _result(rank=dist.get_rank(), error=str(inner))
+        return
+    raise AssertionError("the plans differ but nothing was raised")
+
+
+def main() -> None:
+    backend = os.environ.get("MODELPAR_DIST_BACKEND", "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=timedelta(seconds=60))
+    scenario, *args = sys.argv[1:]
+    try:
+        if scenario == "train":
+            train(args[0], int(args[1]), args[2] if len(args) > 2 else None,
+                  len(args) > 3 and args[3] == "release")
+        elif scenario == "fault":
+            fault(args[0], int(args[1]))
+        elif scenario == "mismatch":
+            mismatch()
+        else:
+            raise SystemExit(f"unknown scenario {scenario}")
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

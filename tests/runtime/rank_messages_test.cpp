@@ -1,0 +1,65 @@
+// The rank executor's wire format (runtime/rank_messages.h): what pack()
+// writes, unpack() reads back exactly, strides included; frame() is the
+// header + data form of values whose size the IR does not fix.
+#include "runtime/rank_messages.h"
+
+#include <gtest/gtest.h>
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/arange.h>
+#include <ATen/ops/equal.h>
+#include <ATen/ops/randn.h>
+
+namespace modelpar::runtime {
+namespace {
+
+ir::Type f32(std::vector<int64_t> sizes) { return ir::Type::tensor(ir::ScalarType::Float32, sizes); }
+
+TEST(RankMessages, PackedSizeIsAlignedHeaderPlusData) {
+  // f32[3, 5]: 2 strides = 16 bytes of header, 15 * 4 = 60 bytes of data.
+  EXPECT_EQ(packedBytes(f32({3, 5})), 16 + 60);
+  // f32[2, 3, 4]: 3 strides = 24 bytes, padded to 32; 24 * 4 = 96.
+  EXPECT_EQ(packedBytes(f32({2, 3, 4})), 32 + 96);
+  EXPECT_EQ(packedBytes(f32({})), 4);  // 0-d: no header
+  EXPECT_EQ(packedBytes(ir::Type::scalar(ir::Type::Kind::Int)), 8);
+  ir::Type sym = ir::Type::tensor(ir::ScalarType::Float32, {ir::Dim::symbolic("B"), ir::Dim::fixed(4)});
+  EXPECT_FALSE(packedBytes(sym).has_value());
+}
+
+TEST(RankMessages, RoundTripKeepsValuesAndStridesOfATransposedTensor) {
+  at::Tensor x = at::randn({5, 3}).t();  // [3, 5], strides (1, 3)
+  at::Tensor msg = pack(x, f32({3, 5}), c10::kCPU);
+  ASSERT_EQ(msg.numel(), *packedBytes(f32({3, 5})));
+  at::Tensor y = unpack(msg, f32({3, 5})).toTensor();
+  EXPECT_TRUE(at::equal(x, y));
+  EXPECT_EQ(y.strides(), x.strides());
+}
+
+TEST(RankMessages, AnExpandedTensorArrivesContiguous) {
+  at::Tensor x = at::arange(4, at::TensorOptions().dtype(c10::kFloat)).expand({3, 4});  // stride 0
+  at::Tensor y = unpack(pack(x, f32({3, 4}), c10::kCPU), f32({3, 4})).toTensor();
+  EXPECT_TRUE(at::equal(x, y));
+  EXPECT_EQ(y.strides(), (std::vector<int64_t>{4, 1}));
+}
+
+TEST(RankMessages, ScalarsRoundTrip) {
+  using K = ir::Type::Kind;
+  EXPECT_EQ(unpack(pack(int64_t{-7}, ir::Type::scalar(K::Int), c10::kCPU), ir::Type::scalar(K::Int)).toInt(), -7);
+  EXPECT_EQ(unpack(pack(2.5, ir::Type::scalar(K::Float), c10::kCPU), ir::Type::scalar(K::Float)).toDouble(), 2.5);
+  EXPECT_TRUE(unpack(pack(true, ir::Type::scalar(K::Bool), c10::kCPU), ir::Type::scalar(K::Bool)).toBool());
+}
+
+TEST(RankMessages, FrameSendsSizesAndStridesThenContiguousData) {
+  at::Tensor x = at::randn({4, 2}).t();  // [2, 4], strides (1, 2)
+  std::vector<at::Tensor> m = frame(x, f32({2, 4}), c10::kCPU);
+  ASSERT_EQ(m.size(), 2u);
+  ASSERT_EQ(m[0].numel(), 4);
+  const int64_t* h = m[0].data_ptr<int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(h, h + 4), (std::vector<int64_t>{2, 4, 1, 2}));
+  EXPECT_TRUE(m[1].is_contiguous());
+  EXPECT_TRUE(at::equal(m[1], x));
+  EXPECT_EQ(frame(at::randn({}), f32({}), c10::kCPU).size(), 1u);  // 0-d: no header
+}
+
+}  // namespace
+}  // namespace modelpar::runtime
