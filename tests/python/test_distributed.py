@@ -196,6 +196,8 @@ def test_devices_other_than_the_group_size_is_a_config_error() -> None:
             modelpar.resolve_options({"devices": "world", "process_group": "default"})
         with pytest.raises(modelpar.ConfigError, match="not yet supported over a process group"):
             modelpar.resolve_options({"devices": "world", "trace": "t.json"})
+        with pytest.raises(modelpar.ConfigError, match="strategy='auto' is not yet supported over"):
+            modelpar.resolve_options({"devices": "world", "strategy": "auto"})
         opts = modelpar.resolve_options({"devices": "world", "peer_timeout": 5})
         assert (opts.world, opts.devices, opts.peer_timeout) == (True, 1, 5.0)
     finally:
