@@ -35,6 +35,7 @@ import torch
 
 from . import _C
 from .errors import ConfigError, ExecutionError, PeerError
+from .executor import outside_dispatch_modes
 
 __all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "check_homes", "RankStep",
            "RankExecutor", "release_unowned"]
@@ -214,7 +215,7 @@ class RankExecutor:
         inputs = list(inputs)
         _note_inputs(inputs, self.input_devices, self.rank_now)
         try:
-            return self._ex.run(inputs)
+            return outside_dispatch_modes(self._ex.run, inputs)
         except PeerError as e:
             raise _name_failed_rank(self.group, self.rank, e) from e
         except ExecutionError as e:

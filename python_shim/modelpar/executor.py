@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import Any, Callable, Optional, Union
+
+import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from . import _C
 from ._C import Program
@@ -15,6 +18,23 @@ from .interpreter import RuntimeValue
 __all__ = ["Executor", "capture_issues", "cuda_devices_built"]
 
 Span = Optional[tuple[int, int]]
+
+
+# Note [Python dispatch modes stay on the caller]
+# The executor hands the caller's thread-local state to its workers (grad
+# mode, autocast, dispatch key sets), and that state includes the stack of
+# Python dispatch modes (TorchDispatchMode). A mode on that stack would see
+# every op of every worker, from several threads at once and each through
+# the GIL: AOTAutograd's _AnalyzeCustomOpInputOutputMode, active during
+# torch.compile's first call, made that call's ops about 30 us each. A
+# compiled step is opaque to the caller's modes, as Inductor's kernels are:
+# the modes are lifted for the step and put back after it.
+def outside_dispatch_modes(run: Callable[..., Any], *args: Any) -> Any:
+    """``run(*args)`` with the caller's Python dispatch modes lifted."""
+    if torch._C._len_torch_dispatch_stack() == 0:
+        return run(*args)
+    with _disable_current_modes():
+        return run(*args)
 
 
 def cuda_devices_built() -> bool:
@@ -111,7 +131,7 @@ class Executor:
                 and the message starts ``device D, instruction I (...)``.
             TypeError: an input is not a tensor, int, float or bool.
         """
-        return self._ex.run(list(inputs))
+        return outside_dispatch_modes(self._ex.run, list(inputs))
 
     __call__ = run
 

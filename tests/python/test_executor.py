@@ -60,6 +60,31 @@ def test_mlp_pipeline_on_two_workers_equals_reference_interpreter():
     assert "2 devices" in repr(ex)
 
 
+def test_the_callers_python_dispatch_modes_do_not_see_the_workers_ops():
+    # Note [Python dispatch modes stay on the caller] (executor.py): the mode
+    # sees none of the step's ops, is back on the stack after it, and the
+    # step computes what it computes without the mode.
+    from torch.utils._python_dispatch import TorchDispatchMode, _get_current_dispatch_mode_stack
+
+    class CountOps(TorchDispatchMode):
+        seen = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            CountOps.seen += 1
+            return func(*args, **(kwargs or {}))
+
+    program = modelpar.load_program(MLP)
+    inputs = mlp_inputs()
+    want = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1).run(inputs)
+    ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
+    with CountOps() as mode:
+        got = ex.run(inputs)
+        assert _get_current_dispatch_mode_stack() == [mode]
+    assert CountOps.seen == 0
+    for g, w in zip(got, want):
+        assert torch.equal(g, w)
+
+
 def test_failing_op_names_device_and_instruction_and_wakes_blocked_peer():
     program = modelpar.parse_program(
         """
