@@ -244,6 +244,26 @@ class _MultiDevice:
         return [None if o < 0 else outs[o] for o in self.output_map]
 
 
+class _RankStep(_MultiDevice):
+    """A graph bound to this rank's RankExecutor (distributed.py). Outputs
+    that live on another rank come back as None; in a forward
+    (``placeholders``) they become 0-element tensors, since AOTAutograd saves
+    them for the backward, which only reads the ones on its own rank."""
+
+    def __init__(self, executor: Any, output_map: Sequence[int],
+                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
+                 placeholders: bool) -> None:
+        super().__init__(executor, output_map, constants, plan, kind)
+        self.placeholders = placeholders
+
+    def __call__(self, args: list[Any]) -> list[Any]:
+        picked = super().__call__(args)
+        if not self.placeholders:
+            return picked
+        empty = torch.empty(0)
+        return [empty if (v is None and o >= 0) else v for v, o in zip(picked, self.output_map)]
+
+
 @dataclass
 class _JointPlans:
     """What the partitioner planned for the two graphs (Note [Forward and
@@ -497,7 +517,7 @@ class _Capture:
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, RankStep, check_homes, check_same_plan
+        from .distributed import RankExecutor, check_homes, check_same_plan
         check_same_plan(str(program), self.opts.process_group,
                         f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
         if kind is not GraphKind.BACKWARD:
@@ -511,7 +531,7 @@ class _Capture:
         ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
                           timeout_s=self.opts.peer_timeout, replicated_outputs=replicated)
         self.executors[kind.value] = ex
-        return RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
+        return _RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
                         placeholders=kind is GraphKind.FORWARD)
 
     def fallback(self, gm: torch.fx.GraphModule, kind: GraphKind, graph: Any, what: str,

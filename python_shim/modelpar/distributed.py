@@ -37,7 +37,7 @@ from . import _C
 from .errors import ConfigError, ExecutionError, PeerError
 from .executor import outside_dispatch_modes
 
-__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "check_homes", "RankStep",
+__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "check_homes",
            "RankExecutor", "release_unowned"]
 
 #: The ``devices`` value that means "one device per rank of the group".
@@ -423,36 +423,3 @@ def _name_failed_rank(group: Any, rank: int, error: PeerError, grace_s: float = 
     why = why or "raised outside modelpar, was killed, or hangs"
     return ExecutionError(f"modelpar distributed: rank {culprit} failed ({why}); rank {rank} "
                           f"stops: {error}")
-
-
-class RankStep:
-    """A graph bound to a RankExecutor, called boxed by AOTAutograd like
-    compile_backend's _MultiDevice. Outputs that live on another rank come
-    back as None; in a forward (``placeholders``) they become 0-element
-    tensors, since AOTAutograd saves them for the backward, which only reads
-    the ones on its own rank."""
-
-    def __init__(self, executor: RankExecutor, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor], plan: Any, kind: Any,
-                 placeholders: bool) -> None:
-        self._boxed_call = True
-        self.executor = executor
-        self.output_map = list(output_map)
-        self.constants = list(constants)
-        self.plan = plan
-        self.kind = kind.value
-        self.placeholders = placeholders
-
-    def __call__(self, args: list[Any]) -> list[Any]:
-        inputs = list(args)
-        args.clear()
-        inputs.extend(self.constants)
-        start = time.perf_counter_ns()
-        outs = self.executor.run(inputs)
-        self.plan.record_run(self.kind, self.executor, start, time.perf_counter_ns())
-        picked = [None if o < 0 else outs[o] for o in self.output_map]
-        if self.placeholders:
-            empty = torch.empty(0)
-            picked = [empty if (v is None and o >= 0) else v
-                      for v, o in zip(picked, self.output_map)]
-        return picked
