@@ -7,11 +7,18 @@
 #   CUDA_HOME=...                 CUDA toolkit with nvcc (default /usr/local/cuda)
 #   MODELPAR_REQUIRE_CUDA_CHECK=1 fail instead of skipping when nvcc or the wheel is missing
 #   MODELPAR_JOBS=N               parallel compile jobs (default: all cores)
+#   MODELPAR_CUDA_CHECK=full      build the whole project (passes, backend, the
+#                                 Python module, every test) against the wheel in
+#                                 build-cuda-full and import the module (~7 min
+#                                 cold on 2 cores: by hand, not in CI)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 venv="$root/.venv-cuda"
-build="${CUDA_BUILD_DIR:-build-cuda}"
+full=0
+[ "${MODELPAR_CUDA_CHECK:-}" = full ] && full=1
+if [ "$full" = 1 ]; then build="${CUDA_BUILD_DIR:-build-cuda-full}"; passes=ON
+else build="${CUDA_BUILD_DIR:-build-cuda}"; passes=OFF; fi
 cuda="${CUDA_HOME:-/usr/local/cuda}"
 torch_spec="torch==2.14.1"
 start=$(date +%s)
@@ -52,7 +59,7 @@ if [ ! -f "$build/build.ninja" ]; then
   "$venv/bin/cmake" -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_MAKE_PROGRAM="$venv/bin/ninja" \
     -DPython_EXECUTABLE="$venv/bin/python" \
-    -DMODELPAR_WITH_CUDA=ON -DMODELPAR_WITH_PASSES=OFF \
+    -DMODELPAR_WITH_CUDA=ON -DMODELPAR_WITH_PASSES=$passes \
     -DCUDA_TOOLKIT_ROOT_DIR="$cuda" -DCMAKE_CUDA_COMPILER="$cuda/bin/nvcc" \
     -DTORCH_CUDA_ARCH_LIST=9.0 \
     -DCUDA_nvrtc_LIBRARY="$nvlib/libnvrtc.so.13" -DCUDA_NVRTC_LIB="$nvlib/libnvrtc.so.13" \
@@ -61,10 +68,19 @@ if [ ! -f "$build/build.ninja" ]; then
 fi
 configure_s=$(($(date +%s) - start - setup_s))
 
-"$venv/bin/cmake" --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target modelpar_runtime modelpar_runtime_tests
+targets=(--target modelpar_runtime modelpar_runtime_tests)
+[ "$full" = 1 ] && targets=()
+"$venv/bin/cmake" --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" "${targets[@]}"
 build_s=$(($(date +%s) - start - setup_s - configure_s))
 
 # No GPU here: the CUDA tests must load and skip, not crash.
 "$build/tests/modelpar_runtime_tests" --gtest_filter='Cuda*' --gtest_brief=1
+if [ "$full" = 1 ]; then
+  # The Python module of the CUDA build loads against the CUDA wheel and
+  # reports its CUDA devices as built.
+  case "$build" in /*) modpath="$build/python" ;; *) modpath="$root/$build/python" ;; esac
+  PYTHONPATH="$modpath" "$venv/bin/python" -c \
+    "import modelpar; assert modelpar._C.cuda_devices_built(); print('modelpar cuda check: module loads, cuda devices built')"
+fi
 echo "modelpar cuda check: ok in $(($(date +%s) - start)) s" \
      "(venv ${setup_s} s, configure ${configure_s} s, build ${build_s} s)"
