@@ -5,7 +5,8 @@
 // numbers an optimizer update reads are graph inputs, so changing them
 // replays the same plan.
 #include <gtest/gtest.h>
-#include <torch/torch.h>
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <cmath>
 #include <string>
@@ -22,11 +23,11 @@ struct DefaultOptionsAfter {
   ~DefaultOptionsAfter() { modelpar::configure(modelpar::Options{}); }
 };
 
-torch::Tensor dev(const torch::Tensor& t) { return t.to(modelpar::device()); }
+at::Tensor dev(const at::Tensor& t) { return t.to(modelpar::device()); }
 
 /// A two-layer MLP forward, the same ops on any device.
-torch::Tensor mlp(const torch::Tensor& x, const torch::Tensor& w1, const torch::Tensor& w2) {
-  return torch::relu(x.mm(w1)).mm(w2).tanh();
+at::Tensor mlp(const at::Tensor& x, const at::Tensor& w1, const at::Tensor& w2) {
+  return at::relu(x.mm(w1)).mm(w2).tanh();
 }
 
 struct BadOptions {
@@ -88,8 +89,8 @@ TEST(BackendPlannedReplay, ConfigureRefusesBadOptionsNamingThemAndChangesNothing
 
 TEST(BackendPlannedReplay, StepPlacedOnTwoAndFourWorkersEqualsEagerAndReplays) {
   DefaultOptionsAfter restore;
-  torch::manual_seed(0);
-  const torch::Tensor w1 = torch::randn({16, 32}) / 4, w2 = torch::randn({32, 8}) / 6;
+  at::manual_seed(0);
+  const at::Tensor w1 = at::randn({16, 32}) / 4, w2 = at::randn({32, 8}) / 6;
   for (const char* placer : {"m-etf", "m-topo", "m-sct"}) {
     for (int devices : {2, 4}) {
       modelpar::Options o;
@@ -97,15 +98,15 @@ TEST(BackendPlannedReplay, StepPlacedOnTwoAndFourWorkersEqualsEagerAndReplays) {
       o.placer = placer;
       modelpar::configure(o);
       modelpar::resetCounters();
-      const torch::Tensor dw1 = dev(w1), dw2 = dev(w2);
+      const at::Tensor dw1 = dev(w1), dw2 = dev(w2);
       for (int step = 0; step < 3; ++step) {
-        const torch::Tensor x = torch::randn({4, 16});
-        const torch::Tensor got = mlp(dev(x), dw1, dw2).cpu();
+        const at::Tensor x = at::randn({4, 16});
+        const at::Tensor got = mlp(dev(x), dw1, dw2).cpu();
         // One op never spans devices, so each runs the kernel eager runs; a
         // CPU worker has one intra-op thread, which may sum a 16- or 32-long
         // dot product in another order: 2 * 4 * sqrt(32) * 2^-24 per
         // reduction, two in sequence, is about 5e-6.
-        EXPECT_TRUE(torch::allclose(got, mlp(x, w1, w2), 1e-5, 1e-6)) << placer << " " << devices;
+        EXPECT_TRUE(at::allclose(got, mlp(x, w1, w2), 1e-5, 1e-6)) << placer << " " << devices;
       }
       const modelpar::Counters c = modelpar::counters();
       EXPECT_EQ(c.captures, 1) << placer << " " << devices;
@@ -124,7 +125,7 @@ TEST(BackendPlannedReplay, StepPlacedOnTwoAndFourWorkersEqualsEagerAndReplays) {
 
 TEST(BackendPlannedReplay, ChangingAPlanningOptionDropsThePlans) {
   DefaultOptionsAfter restore;
-  const torch::Tensor x = dev(torch::ones({2, 2}));
+  const at::Tensor x = dev(at::ones({2, 2}));
   (x * 3).cpu();
   EXPECT_EQ(modelpar::plans().size(), 1u);
   modelpar::Options o;
@@ -144,7 +145,7 @@ TEST(BackendPlannedReplay, LeastRecentlyUsedPlanIsEvictedAndCounted) {
   modelpar::configure(o);
   modelpar::clearPlans();
   modelpar::resetCounters();
-  auto step = [](int64_t n) { return (dev(torch::ones({n})) * 2).sum().item<float>(); };
+  auto step = [](int64_t n) { return (dev(at::ones({n})) * 2).sum().item<float>(); };
   EXPECT_EQ(step(1), 2.0f);  // capture A
   EXPECT_EQ(step(2), 4.0f);  // capture B
   EXPECT_EQ(step(1), 2.0f);  // replay A: B is now the least recently used
@@ -171,19 +172,19 @@ TEST(BackendPlannedReplay, UpdateScalarsAreGraphInputsSoANewLearningRateReplays)
   o.devices = 2;
   modelpar::configure(o);
   modelpar::resetCounters();
-  torch::manual_seed(0);
-  const torch::Tensor w0 = torch::randn({4, 3}), x = torch::randn({5, 4});
-  torch::Tensor w_cpu = w0.clone().requires_grad_();
-  torch::Tensor w_dev = dev(w0).requires_grad_();
+  at::manual_seed(0);
+  const at::Tensor w0 = at::randn({4, 3}), x = at::randn({5, 4});
+  at::Tensor w_cpu = w0.clone().requires_grad_();
+  at::Tensor w_dev = dev(w0).requires_grad_();
   for (double lr : {0.1, 0.25, 0.05}) {
-    for (torch::Tensor* w : {&w_cpu, &w_dev}) {
+    for (at::Tensor* w : {&w_cpu, &w_dev}) {
       w->mutable_grad().reset();
-      const torch::Tensor xs = w->device() == x.device() ? x : dev(x);
+      const at::Tensor xs = w->device() == x.device() ? x : dev(x);
       (xs.mm(*w) * 0.5).tanh().sum().backward();  // 0.5: a forward constant
-      torch::NoGradGuard no_grad;
+      at::NoGradGuard no_grad;
       w->add_(w->grad(), -lr);  // alpha: a per-step scalar of the update
     }
-    EXPECT_TRUE(torch::allclose(w_dev.cpu(), w_cpu, 1e-6, 1e-7)) << lr;
+    EXPECT_TRUE(at::allclose(w_dev.cpu(), w_cpu, 1e-6, 1e-7)) << lr;
   }
   EXPECT_EQ(modelpar::counters().captures, 1);
   EXPECT_EQ(modelpar::counters().replays, 2);
@@ -200,7 +201,7 @@ TEST(BackendPlannedReplay, StepThatDoesNotFitRaisesAndCachesNothing) {
   o.memory = 256;  // bytes per device; the step's weights alone need 4 KiB
   modelpar::configure(o);
   modelpar::resetCounters();
-  const torch::Tensor w = dev(torch::ones({32, 32}));
+  const at::Tensor w = dev(at::ones({32, 32}));
   EXPECT_THROW(w.mm(w).sum().item<float>(), modelpar::PlanDoesNotFitError);
   EXPECT_EQ(modelpar::counters().captures, 0);
   EXPECT_TRUE(modelpar::plans().empty());
@@ -210,13 +211,13 @@ TEST(BackendPlannedReplay, StepThatDoesNotFitRaisesAndCachesNothing) {
 }
 
 /// One SGD step of the MLP with a sum-of-squares loss; returns the loss.
-float sgdStep(torch::Tensor& w1, torch::Tensor& w2, const torch::Tensor& x, const torch::Tensor& y) {
+float sgdStep(at::Tensor& w1, at::Tensor& w2, const at::Tensor& x, const at::Tensor& y) {
   w1.mutable_grad().reset();
   w2.mutable_grad().reset();
-  torch::Tensor loss = (mlp(x, w1, w2) - y).pow(2).sum();
+  at::Tensor loss = (mlp(x, w1, w2) - y).pow(2).sum();
   loss.backward();
   {
-    torch::NoGradGuard no_grad;
+    at::NoGradGuard no_grad;
     w1.sub_(w1.grad() * 0.05);
     w2.sub_(w2.grad() * 0.05);
   }
@@ -233,15 +234,15 @@ TEST(BackendPlannedReplay, PipelinedStepEqualsEagerForEverySchedule) {
     o.pipeline->schedule = schedule;
     modelpar::configure(o);
     modelpar::resetCounters();
-    torch::manual_seed(0);
-    torch::Tensor w1 = (torch::randn({16, 32}) / 4).requires_grad_();
-    torch::Tensor w2 = (torch::randn({32, 8}) / 6).requires_grad_();
-    torch::Tensor d1 = dev(w1.detach()).requires_grad_(), d2 = dev(w2.detach()).requires_grad_();
+    at::manual_seed(0);
+    at::Tensor w1 = (at::randn({16, 32}) / 4).requires_grad_();
+    at::Tensor w2 = (at::randn({32, 8}) / 6).requires_grad_();
+    at::Tensor d1 = dev(w1.detach()).requires_grad_(), d2 = dev(w2.detach()).requires_grad_();
     // Layers (fc1, fc2) from the parameters' names: a pipeline cuts between them.
     modelpar::nameTensor(d1, "fc1.weight", modelpar::TensorRole::Parameter);
     modelpar::nameTensor(d2, "fc2.weight", modelpar::TensorRole::Parameter);
     for (int step = 0; step < 3; ++step) {
-      const torch::Tensor x = torch::randn({10, 16}), y = torch::randn({10, 8});
+      const at::Tensor x = at::randn({10, 16}), y = at::randn({10, 8});
       const float want = sgdStep(w1, w2, x, y);
       const float got = sgdStep(d1, d2, dev(x), dev(y));
       // Micro-batches of 4, 4, 2 add the weight gradients up in three parts:
@@ -249,7 +250,7 @@ TEST(BackendPlannedReplay, PipelinedStepEqualsEagerForEverySchedule) {
       // 2^-24 per reduction, a few in sequence, over 3 steps: about 1e-5).
       EXPECT_NEAR(got, want, 1e-5 * std::abs(want)) << schedule << " step " << step;
     }
-    EXPECT_TRUE(torch::allclose(d1.detach().cpu(), w1.detach(), 1e-5, 1e-6)) << schedule;
+    EXPECT_TRUE(at::allclose(d1.detach().cpu(), w1.detach(), 1e-5, 1e-6)) << schedule;
     EXPECT_EQ(modelpar::counters().captures, 1) << schedule;
     const std::string summary = modelpar::lastPlan();
     EXPECT_NE(summary.find(std::string("3 micro-batches of 4, schedule ") + schedule), std::string::npos)
@@ -266,14 +267,14 @@ TEST(BackendPlannedReplay, PipelineRefusesAStepThatComputesANumberFromTheBatchSi
   o.pipeline->microbatches = 2;
   modelpar::configure(o);
   modelpar::resetCounters();
-  torch::manual_seed(0);
-  torch::Tensor w1 = dev(torch::randn({16, 32})).requires_grad_();
-  torch::Tensor w2 = dev(torch::randn({32, 8})).requires_grad_();
+  at::manual_seed(0);
+  at::Tensor w1 = dev(at::randn({16, 32})).requires_grad_();
+  at::Tensor w2 = dev(at::randn({32, 8})).requires_grad_();
   modelpar::nameTensor(w1, "fc1.weight", modelpar::TensorRole::Parameter);
   modelpar::nameTensor(w2, "fc2.weight", modelpar::TensorRole::Parameter);
   // mean()'s backward divides by the element count, 10 * 8, a constant that
   // stays 80 in every micro-batch: the first run's check catches it.
-  mlp(dev(torch::randn({10, 16})), w1, w2).mean().backward();
+  mlp(dev(at::randn({10, 16})), w1, w2).mean().backward();
   try {
     modelpar::sync();
     ADD_FAILURE() << "no error";
@@ -291,21 +292,21 @@ TEST(BackendPlannedReplay, PipelineAsksWhichInputsAreBatchedWhenTheyDisagree) {
   o.devices = 2;
   o.pipeline = modelpar::PipelineOptions{};
   modelpar::configure(o);
-  const torch::Tensor a = dev(torch::ones({10, 16})), b = dev(torch::ones({12, 16}));
+  const at::Tensor a = dev(at::ones({10, 16})), b = dev(at::ones({12, 16}));
   EXPECT_THROW((a.sum() + b.sum()).item<float>(), modelpar::ConfigError);
-  torch::manual_seed(0);
-  torch::Tensor w1 = dev(torch::randn({16, 32})).requires_grad_();
-  torch::Tensor w2 = dev(torch::randn({32, 8})).requires_grad_();
+  at::manual_seed(0);
+  at::Tensor w1 = dev(at::randn({16, 32})).requires_grad_();
+  at::Tensor w2 = dev(at::randn({32, 8})).requires_grad_();
   modelpar::nameTensor(w1, "fc1.weight", modelpar::TensorRole::Parameter);
   modelpar::nameTensor(w2, "fc2.weight", modelpar::TensorRole::Parameter);
-  const torch::Tensor x = dev(torch::randn({12, 16})), y = dev(torch::randn({12, 8}));
-  const torch::Tensor mask = dev(torch::ones({2, 8}));  // leading size 2: not the batch
+  const at::Tensor x = dev(at::randn({12, 16})), y = dev(at::randn({12, 8}));
+  const at::Tensor mask = dev(at::ones({2, 8}));  // leading size 2: not the batch
   modelpar::nameTensor(x, "images", modelpar::TensorRole::Input);
   modelpar::nameTensor(y, "labels", modelpar::TensorRole::Input);
   o.pipeline->batched_inputs = {"images", "labels"};
   o.pipeline->microbatches = 2;
   modelpar::configure(o);
-  torch::Tensor loss = (mlp(x, w1, w2) * mask.mean() - y).pow(2).sum();
+  at::Tensor loss = (mlp(x, w1, w2) * mask.mean() - y).pow(2).sum();
   loss.backward();
   EXPECT_TRUE(std::isfinite(loss.item<float>()));
   EXPECT_NE(modelpar::lastPlan().find("batch 12 (inputs %images, %labels; dimension 0)"), std::string::npos)
