@@ -387,42 +387,36 @@ class RankExecutor::Impl {
       const c10::IValue& x = env_[static_cast<size_t>(v)];
       if (x.isTensor() && x.toTensor().defined()) inputs.push_back(x.toTensor());
     }
-    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
     std::vector<Pending> still;
     for (Pending& s : pending_) {
       const bool reads = std::any_of(s.keep.begin(), s.keep.end(), [&](const at::Tensor& k) {
         return std::any_of(inputs.begin(), inputs.end(),
                            [&](const at::Tensor& t) { return k.is_alias_of(t); });
       });
-      if (!reads) {
+      if (reads) {
+        finishSend(s);
+      } else {
         still.push_back(std::move(s));
-        continue;
-      }
-      const auto start = Clock::now();
-      try {
-        s.work->wait(options_.timeout);
-        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-      } catch (const std::exception& e) {
-        throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
-                  errorText(e));
       }
     }
     pending_ = std::move(still);
   }
 
   void finishSends() {
-    const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
-    for (Pending& s : pending_) {
-      const auto start = Clock::now();
-      try {
-        s.work->wait(options_.timeout);
-        wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
-      } catch (const std::exception& e) {
-        throwPeer(s.instruction, sched[s.instruction], s.peer, "did not take what was sent", start,
-                  errorText(e));
-      }
-    }
+    for (Pending& s : pending_) finishSend(s);
     pending_.clear();
+  }
+
+  // Waits (at most the timeout) until the peer has taken send `s`.
+  void finishSend(Pending& s) {
+    const auto start = Clock::now();
+    try {
+      s.work->wait(options_.timeout);
+      wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    } catch (const std::exception& e) {
+      throwPeer(s.instruction, program_.schedule(rank_)[s.instruction], s.peer,
+                "did not take what was sent", start, errorText(e));
+    }
   }
 
   std::vector<c10::IValue> outputs() {
