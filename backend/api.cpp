@@ -1,6 +1,7 @@
 // The C++ API of include/modelpar/modelpar.h, over the capture session.
 #include "modelpar/modelpar.h"
 
+#include "backend/device.h"
 #include "backend/session.h"
 
 namespace modelpar {
@@ -8,7 +9,10 @@ namespace {
 backend::Session& session() { return backend::Session::get(); }
 }  // namespace
 
-c10::Device device() { return c10::Device(c10::DeviceType::PrivateUse1, 0); }
+c10::Device device() {
+  backend::nameDevice();  // Note [Naming the device is not free]
+  return c10::Device(c10::DeviceType::PrivateUse1, 0);
+}
 
 void sync() { session().sync(); }
 

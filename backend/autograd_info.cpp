@@ -5,7 +5,7 @@
 
 #include <ATen/SequenceNumber.h>
 #include <c10/core/GradMode.h>
-#include <torch/csrc/autograd/node.h>
+#include <torch/csrc/autograd/function.h>  // Node; node.h alone exists only from torch 2.12
 
 namespace modelpar::backend {
 namespace {
@@ -29,7 +29,8 @@ bool anyRequiresGrad(const c10::IValue& v) {
 
 int64_t autogradSequenceNr(const std::vector<c10::IValue>& args, bool on_autograd_thread) {
   if (on_autograd_thread) {
-    c10::intrusive_ptr<torch::autograd::Node> node = torch::autograd::get_current_node();
+    // A shared_ptr before torch 2.12, an intrusive_ptr after: either holds the node.
+    const auto node = torch::autograd::get_current_node();
     if (!node) return -1;
     const uint64_t seq = node->sequence_nr();
     // AccumulateGrad nodes carry UINT64_MAX: they belong to no forward op.

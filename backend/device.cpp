@@ -1,6 +1,7 @@
 // The modelpar device: PrivateUse1 renamed "modelpar", with one logical
-// device (index 0), its allocator, guard and hooks. Everything registers when
-// the library loads.
+// device (index 0), its allocator, guard and hooks. The allocator, guard and
+// hooks register when the library loads; the name only on first use
+// (nameDevice(), Note [Naming the device is not free]).
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
 #include <c10/core/DeviceType.h>
@@ -67,11 +68,29 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 
 struct Register {
   Register() {
-    c10::register_privateuse1_backend("modelpar");
     c10::SetAllocator(kType, allocator());
     at::RegisterPrivateUse1HooksInterface(new Hooks());
   }
 } register_device;
 
 }  // namespace
+
+// Note [Naming the device is not free]
+// Naming PrivateUse1 makes it PyTorch's one accelerator for the whole process
+// (at::accelerator::getAccelerator prefers a named PrivateUse1 over CUDA), and
+// from then on the autograd engine finds no stream for a CUDA node and fails
+// an internal assert (engine.cpp, "opt_ready_stream && opt_parent_stream") in
+// every backward over CUDA tensors, torch.compile's AOTAutograd tracing
+// included. Seen on the first GPU run: loading modelpar broke CUDA training.
+// So loading the library does not name the device; modelpar::device() and the
+// Python module (modelpar/device.py, at import only where no GPU is visible)
+// do, once the program asks for the modelpar device.
+void nameDevice() {
+  static const bool named = [] {
+    c10::register_privateuse1_backend("modelpar");
+    return true;
+  }();
+  (void)named;
+}
+
 }  // namespace modelpar::backend

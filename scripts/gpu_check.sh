@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# GPU check of the runtime's CUDA code, for a session that has a GPU machine
-# (the `device` tool; /work/.library/device/README.md). Two steps:
+# Every GPU check of modelpar in one call, for a session that has a GPU
+# machine (the `device` tool; /work/.library/device/README.md). Two steps:
 #
 #   1. here, once (needs apt-get, no GPU):
 #        bash scripts/gpu_check.sh --fetch-debs
 #      downloads the Debian packages the build needs and the GPU image lacks
-#      (fmt, GoogleTest, nlohmann-json) into .device-debs/ (git-ignored; carried by the run).
+#      (fmt, GoogleTest, nlohmann-json, COIN-OR CLP/CBC with BLAS/LAPACK,
+#      pkgconf) into .device-debs/ (git-ignored; carried by the run).
 #   2. on the GPU machine, from the repository root (the checkout the session
-#      was started in travels, so commit or check out this branch there):
+#      was started in travels):
 #        run(command="bash scripts/gpu_check.sh", carry=[".device-debs"], timeout_s=600)
 #      unpacks the packages under /tmp (never into /), configures build-gpu
-#      against the machine's own CUDA torch with MODELPAR_WITH_CUDA=ON, builds
-#      the runtime tests, runs the CUDA tests (Cuda*: devices, executor, graph
-#      replay), then each again under compute-sanitizer --tool memcheck,
-#      racecheck and synccheck. Logs go to $OUT (they come back) or to
+#      against the machine's own CUDA torch (MODELPAR_WITH_CUDA=ON, passes on),
+#      builds the Python module and the runtime tests, then runs, each step
+#      under its own time limit:
+#        cpp       the runtime's CUDA tests (Cuda*: devices, executor, graph replay)
+#        py        tests/python/test_cuda.py and the CUDA tests of test_executor.py
+#                  (torch.compile training on 2 and 4 logical devices of cuda:0,
+#                  m-ETF and 1F1B, stream and graph replay, against eager)
+#        bench     bench/cuda_graph_step.py (graph vs stream replay vs eager vs
+#                  cudagraphs, with the profiler's kernel-time sum) and
+#                  bench/cuda_pipeline_step.py (a compute-bound model pipelined on
+#                  2 logical devices of one GPU against one device)
+#        sanitize  the cpp step under compute-sanitizer memcheck, racecheck, synccheck
+#      Logs go to $OUT (at most 8 files come back: one per step) or to
 #      build-gpu/logs without $OUT. Exit status: non-zero if any step failed.
 #
-# Environment: CUDA_ARCH (default 9.0: H100/H200), MODELPAR_JOBS (default all
-# cores), GPU_CHECK_FILTER (gtest filter, default 'Cuda*'), GPU_CHECK_DIST=1
-# (also issue 13's NCCL run over 2 GPUs, step 3 below).
-# Not run yet: written in a session without a GPU (see bench/RESULTS.md).
+# Environment: GPU_CHECK_STEPS (default "cpp py bench sanitize"), CUDA_ARCH
+# (default 9.0: H100/H200), MODELPAR_JOBS (default all cores),
+# GPU_CHECK_FILTER (gtest filter, default 'Cuda*'), GPU_CHECK_PYTEST (extra
+# pytest arguments), GPU_CHECK_DIST=1 (also issue 13's NCCL run: needs 2 GPUs).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -30,7 +40,11 @@ if [ "${1:-}" = "--fetch-debs" ]; then
   mkdir -p "$debs" /tmp/amd64/partial
   o='-oAPT::Architecture=amd64 -oAPT::Architectures=amd64 -oDir::State::Lists=/tmp/amd64'
   apt-get $o update -qq
-  (cd "$debs" && apt-get $o download libfmt-dev libfmt9 libgtest-dev nlohmann-json3-dev)
+  (cd "$debs" && apt-get $o download libfmt-dev libfmt9 libgtest-dev nlohmann-json3-dev \
+    coinor-libcbc-dev coinor-libcbc3 coinor-libcgl-dev coinor-libcgl1 coinor-libclp-dev coinor-libclp1 \
+    coinor-libcoinutils-dev coinor-libcoinutils3v5 coinor-libosi-dev coinor-libosi1v5 \
+    libblas3 liblapack3 libgfortran5 libquadmath0 libbz2-1.0 \
+    pkgconf pkgconf-bin libpkgconf3)
   ls -l "$debs"
   exit 0
 fi
@@ -45,60 +59,89 @@ found=0
 for f in "$debs"/*.deb; do dpkg -x "$f" "$prefix" && found=1; done
 [ "$found" = 1 ] || { echo "gpu check: no .deb in $debs; run --fetch-debs here and carry .device-debs"; exit 2; }
 libdir="$prefix/usr/lib/x86_64-linux-gnu"
-export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LIBRARY_PATH="$libdir"
 
+# Debian installs BLAS/LAPACK under alternatives folders; dpkg -x makes no
+# alternative links, so link the libraries where the loader looks.
+for f in "$libdir"/blas/lib*.so.* "$libdir"/lapack/lib*.so.*; do ln -sf "$f" "$libdir/$(basename "$f")"; done
+# COIN-OR's pkg-config files link -lbz2 -lz; the image has zlib's runtime
+# libraries but not the development links (libbz2 comes from the .debs).
+ln -sf "$prefix/lib/x86_64-linux-gnu/libbz2.so.1.0" "$libdir/libbz2.so"
+ln -sf "$prefix/lib/x86_64-linux-gnu/libbz2.so.1.0" "$libdir/libbz2.so.1.0"
+so="$(ldconfig -p | awk '$1 ~ /^libz[.]so[.]1/ && /x86-64/ {print $NF; exit}')"
+[ -n "$so" ] && ln -sf "$so" "$libdir/libz.so"
+export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LIBRARY_PATH="$libdir"
+export PKG_CONFIG_SYSROOT_DIR="$prefix" PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$prefix/usr/share/pkgconfig"
+
+steps="${GPU_CHECK_STEPS:-cpp py bench sanitize}"
+want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 py="$(command -v python3)"
 torch_cmake="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-"$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))' |
-  tee "$logs/env.txt"
+{ nvidia-smi; "$py" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0))'; } \
+  >"$logs/build.log" 2>&1
+tail -1 "$logs/build.log"
 build="$root/build-gpu"
 status=0
+t0=$(date +%s)
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DPython_EXECUTABLE="$py" \
+    -DPython_EXECUTABLE="$py" -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" \
     -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
-    -DMODELPAR_WITH_CUDA=ON -DMODELPAR_WITH_PASSES=OFF \
+    -DMODELPAR_WITH_CUDA=ON -DMODELPAR_WITH_PASSES=ON \
     -DTORCH_CUDA_ARCH_LIST="${CUDA_ARCH:-9.0}" \
-    >"$logs/configure.log" 2>&1 || { tail -40 "$logs/configure.log"; exit 1; }
+    >>"$logs/build.log" 2>&1 || { tail -40 "$logs/build.log"; exit 1; }
 fi
-cmake --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target modelpar_runtime_tests \
-  >"$logs/build.log" 2>&1 || { tail -60 "$logs/build.log"; exit 1; }
+cmake --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target modelpar_runtime_tests _C -- -k 0 \
+  >>"$logs/build.log" 2>&1 || { grep -E -A3 "error:" "$logs/build.log" | head -80; exit 1; }
+echo "== built in $(($(date +%s) - t0)) s"
+
+# step NAME LIMIT_S LOG CMD...: runs CMD under a time limit, logs to LOG.
+step() {
+  local name="$1" limit="$2" log="$3"; shift 3
+  local s=$(date +%s)
+  timeout "$limit" "$@" >"$logs/$log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc in $(($(date +%s) - s)) s (log: $log)"
+  [ "$rc" = 0 ] || status=1
+  return $rc
+}
 
 tests="$build/tests/modelpar_runtime_tests"
 filter="${GPU_CHECK_FILTER:-Cuda*}"
-echo "== plain run ($filter)"
-"$tests" --gtest_filter="$filter" 2>&1 | tee "$logs/tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED)|FAILED|error" ||
-  true
-[ "${PIPESTATUS[0]}" = 0 ] || status=1
-for tool in memcheck racecheck synccheck; do
-  echo "== compute-sanitizer --tool $tool"
-  compute-sanitizer --tool "$tool" --error-exitcode 3 --target-processes all \
-    "$tests" --gtest_filter="$filter" --gtest_brief=1 >"$logs/sanitizer-$tool.log" 2>&1
-  rc=$?
-  grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED|PASSED" "$logs/sanitizer-$tool.log" | tail -5
-  [ "$rc" = 0 ] || { echo "   $tool: exit $rc (log: sanitizer-$tool.log)"; status=1; }
-done
-# 3. Issue 13 over NCCL: m-ETF training over 2 ranks (one GPU each) against
-#    eager, tests/python/dist_worker.py with MODELPAR_DIST_BACKEND=nccl. Needs
-#    2 GPUs (NCCL refuses two ranks on one GPU) and the Python extension with
-#    passes/ (COIN-OR CLP/CBC on the machine), so it runs only with
-#    GPU_CHECK_DIST=1. Not run yet: written in a session without a GPU.
+if want cpp; then
+  step "C++ CUDA tests ($filter)" 120 cpp-tests.log "$tests" --gtest_filter="$filter"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED)|^\[  FAILED" "$logs/cpp-tests.log" | head -20
+fi
+export PYTHONPATH="$build/python" PYTHONUNBUFFERED=1
+if want py; then
+  step "Python CUDA tests" 300 py-tests.log "$py" -X faulthandler -m pytest -q -p no:cacheprovider --timeout 120 \
+    tests/python/test_cuda.py tests/python/test_executor.py ${GPU_CHECK_PYTEST:-}
+  grep -E "passed|failed|Error|error" "$logs/py-tests.log" | tail -15
+fi
+if want bench; then
+  step "bench/cuda_graph_step.py" 150 bench.log "$py" -X faulthandler bench/cuda_graph_step.py --devices 2
+  [ -f bench/cuda_pipeline_step.py ] &&
+    { timeout 150 "$py" -X faulthandler bench/cuda_pipeline_step.py >>"$logs/bench.log" 2>&1 || status=1; }
+  grep -E "^\|" "$logs/bench.log"
+fi
+if want sanitize; then
+  for tool in memcheck racecheck synccheck; do
+    step "compute-sanitizer --tool $tool" 150 "sanitizer-$tool.log" compute-sanitizer --tool "$tool" \
+      --error-exitcode 3 --target-processes all "$tests" --gtest_filter="$filter" --gtest_brief=1
+    grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$logs/sanitizer-$tool.log" | tail -3
+  done
+fi
+# Issue 13 over NCCL: m-ETF training over 2 ranks (one GPU each) against
+# eager, tests/python/dist_worker.py with MODELPAR_DIST_BACKEND=nccl. Needs 2
+# GPUs (NCCL refuses two ranks on one GPU): only with GPU_CHECK_DIST=1.
 if [ "${GPU_CHECK_DIST:-0}" = 1 ]; then
   ngpu=$(nvidia-smi -L | wc -l)
   if [ "$ngpu" -lt 2 ]; then
     echo "== distributed (NCCL): skipped, needs 2 GPUs, found $ngpu"
   else
-    dist_build="$root/build-gpu-dist"
-    [ -f "$dist_build/build.ninja" ] || cmake -S . -B "$dist_build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DPython_EXECUTABLE="$py" -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
-      -DMODELPAR_WITH_CUDA=ON -DTORCH_CUDA_ARCH_LIST="${CUDA_ARCH:-9.0}" >"$logs/dist-configure.log" 2>&1
-    cmake --build "$dist_build" -j "${MODELPAR_JOBS:-$(nproc)}" --target _C >"$logs/dist-build.log" 2>&1 &&
-      MODELPAR_DIST_BACKEND=nccl PYTHONPATH="$dist_build/python" timeout 300 \
-        "$py" -m torch.distributed.run --nproc-per-node 2 tests/python/dist_worker.py train mlp 3 none \
-        >"$logs/dist-nccl.log" 2>&1
-    rc=$?
+    step "distributed (NCCL)" 300 dist-nccl.log env MODELPAR_DIST_BACKEND=nccl \
+      "$py" -m torch.distributed.run --nproc-per-node 2 tests/python/dist_worker.py train mlp 3 none
     grep -E "^RESULT|Error" "$logs/dist-nccl.log" | tail -4
-    [ "$rc" = 0 ] || { echo "   distributed (NCCL): exit $rc (log: dist-nccl.log)"; status=1; }
   fi
 fi
 echo "gpu check: $([ $status = 0 ] && echo ok || echo FAILED); logs in $logs"

@@ -39,7 +39,11 @@
 
 namespace modelpar {
 
-/// The modelpar device, modelpar:0 (PrivateUse1 renamed).
+/// The modelpar device, modelpar:0 (PrivateUse1 renamed). The first call
+/// names it, after which torch::Device("modelpar") parses too. Naming it makes
+/// it PyTorch's one accelerator in this process: the backward of CUDA tensors
+/// outside modelpar fails from then on (a PyTorch limit; README, "The modelpar
+/// device and CUDA").
 c10::Device device();
 
 /// Ends the step: runs everything recorded since the last sync and stores

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -99,6 +100,7 @@ def configure(**options: Any) -> None:
     dropped first, counted as ``evictions``).
 
     Changing a planning key drops the cached plans (the next step plans again).
+    Enables the device name (:func:`enable`).
 
     Raises:
         ConfigError: an unknown key or a bad value (the message names it and
@@ -140,6 +142,7 @@ def configure(**options: Any) -> None:
     pipeline = compiled.pipeline
     if pipeline is not None:
         pipeline = {**pipeline, "batched_inputs": batched_inputs}
+    enable()
     _C._device_configure(compiled.strict, device["warn_on_graph_break"], device["cache"],
                          compiled.devices, device_map, compiled.placer or "", compiled.memory,
                          max_plans, pipeline)
@@ -223,7 +226,8 @@ def attach(module: torch.nn.Module, prefix: str = "") -> torch.nn.Module:
     ``%fc.weight``; ops reading them land in layer ``fc``) and adds forward
     hooks so that ops recorded inside a submodule are in its layer. Works
     before or after ``module.to("modelpar")``; calling it again replaces the
-    hooks. Returns ``module``."""
+    hooks. Returns ``module``. Enables the device name (:func:`enable`)."""
+    enable()
     p = f"{prefix}." if prefix else ""
     for name, t in module.named_parameters():
         _C._device_name_tensor(t, p + name, "param")
@@ -278,13 +282,43 @@ def _install_printing() -> None:
     ts._tensor_str = _tensor_str
 
 
-def _register() -> None:
-    torch.utils.rename_privateuse1_backend(DEVICE)  # libmodelpar.so already named it
+_enabled = False
+
+
+def enable() -> None:
+    """Names PyTorch's PrivateUse1 backend ``"modelpar"`` and adds the
+    ``torch.modelpar`` module and ``Tensor.modelpar()`` methods, after which
+    ``x.to("modelpar")`` works. Idempotent.
+
+    Importing modelpar does this where no GPU is visible. Where one is, it
+    waits for this call (or :func:`configure` / :func:`attach`), because a
+    named PrivateUse1 backend becomes PyTorch's one accelerator for the whole
+    process and from then on the backward of CUDA tensors fails inside
+    PyTorch's autograd engine (Note [Naming the device is not free] in
+    backend/device.cpp): CUDA models train through
+    ``torch.compile(backend="modelpar")``, which needs no device name."""
+    global _enabled
+    if _enabled:
+        return
+    if torch.cuda.is_available():
+        warnings.warn(
+            "modelpar: the modelpar device is now PyTorch's accelerator in this process; "
+            "backward of CUDA tensors outside modelpar fails from here on (PyTorch allows "
+            "one accelerator per process). Train CUDA models with "
+            "torch.compile(model, backend=\"modelpar\") instead.", stacklevel=2)
+    torch.utils.rename_privateuse1_backend(DEVICE)
     if not hasattr(torch, DEVICE):
         torch._register_device_module(DEVICE, _torch_device_module())
     if not hasattr(torch.Tensor, DEVICE):
         torch.utils.generate_methods_for_privateuse1_backend()
     _install_printing()
+    _enabled = True
 
 
-_register()
+def enabled() -> bool:
+    """Whether the ``"modelpar"`` device name is registered in this process."""
+    return _enabled
+
+
+if not torch.cuda.is_available():
+    enable()

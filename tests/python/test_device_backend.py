@@ -158,3 +158,39 @@ def test_state_dict_saves_and_loads(tmp_path) -> None:
 def test_cmake_prefix_path_has_the_package_config() -> None:
     config = os.path.join(modelpar.cmake_prefix_path, "modelpar", "modelparConfig.cmake")
     assert os.path.isfile(config)
+
+
+def test_device_name_waits_for_enable_where_a_gpu_is_visible() -> None:
+    """Where a GPU is visible, importing modelpar leaves PrivateUse1 unnamed so
+    that CUDA stays PyTorch's accelerator (Note [Naming the device is not
+    free] in backend/device.cpp); modelpar.device.enable() names it, warning
+    what that costs. A subprocess that makes torch.cuda.is_available() say
+    True stands in for a GPU machine (tests/python/test_cuda.py checks the
+    real one)."""
+    import subprocess
+    import sys
+    script = """
+import warnings, torch
+torch.cuda.is_available = lambda: True
+import modelpar
+assert torch._C._get_privateuse1_backend_name() == "privateuseone"
+assert not modelpar.device.enabled()
+try:
+    torch.ones(1).to("modelpar")
+    raise SystemExit("'modelpar' parsed before enable()")
+except RuntimeError:
+    pass
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter("always")
+    modelpar.device.enable()
+    modelpar.device.enable()
+assert len(w) == 1 and "backward of CUDA tensors" in str(w[0].message), [str(x.message) for x in w]
+assert torch._C._get_privateuse1_backend_name() == "modelpar"
+assert torch.accelerator.current_accelerator().type == "modelpar"
+x = torch.ones(3).to("modelpar") * 2
+assert x.to("cpu").tolist() == [2.0, 2.0, 2.0]
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr

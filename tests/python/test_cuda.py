@@ -1,0 +1,145 @@
+"""modelpar on a GPU (issue 14): one cuda:0 hosting 2 and 4 logical devices
+(one stream set each), torch.compile training with m-ETF placement and with
+a 1F1B pipeline, stream replay and CUDA Graph replay, against eager PyTorch
+on the same GPU.
+
+Every test here needs a CUDA build of modelpar on a machine with a GPU and
+skips otherwise (CI has none: scripts/gpu_check.sh runs this file on a lent
+GPU). TF32 is turned off in both runs, so the comparison is fp32 against
+fp32 and only the order of sums differs: placement and micro-batching
+split reductions differently, and cuBLAS / cuDNN pick their algorithms per
+shape (tests/python/tolerances.py gives the bound per model)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import modelpar
+from modelpar import _C
+from models import CASES
+from tolerances import Reordered
+
+pytestmark = pytest.mark.skipif(
+    not (torch.cuda.is_available() and _C.cuda_devices_built()),
+    reason="needs a GPU and a CUDA build of modelpar (scripts/gpu_check.sh)")
+
+# The models whose whole training step is placed on the GPU; the U-Net's
+# 13-conv path and the looped net's loop add nothing CUDA-specific beyond the
+# CNN's convolutions and batch norm.
+PLACED = ["mlp", "cnn", "gpt", "inception"]
+
+
+@pytest.fixture(autouse=True)
+def _fp32_on_gpu() -> None:
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+    keep = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = keep
+
+
+def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(m.named_parameters()), **dict(m.named_buffers())}
+
+
+def _train(name: str, options: dict, *, model_device: str = "cuda", steps: int = 3,
+           tol: Reordered | None = None) -> modelpar.Plan:
+    """Outputs, first-step gradients, and parameters and buffers after
+    `steps` momentum-SGD steps equal eager on the GPU; returns the plan."""
+    case = CASES[name]
+    tol = (tol or case.tol).after(steps=steps)
+    model = case.make_model().to(model_device)
+    eager = copy.deepcopy(model).cuda()
+    fast = torch.compile(model, backend="modelpar", options={"strict": True, **options})
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        x, y = case.batch(step, case.batch_size)
+        out = fast(x.to(model_device))
+        ref = eager(x.cuda())
+        assert out.device == torch.device(model_device) or model_device == "cuda" and out.is_cuda, \
+            f"output on {out.device}, the caller's tensors are on {model_device}"
+        tol.assert_close(out.cuda(), ref)
+        case.loss(out, y.to(model_device)).backward()
+        case.loss(ref, y.cuda()).backward()
+        if step == 0:
+            for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+                assert (p.grad is None) == (q.grad is None), n
+                if p.grad is not None:
+                    assert p.grad.device == p.device, f"grad of {n} on {p.grad.device}, param on {p.device}"
+                    tol.assert_close(p.grad.cuda(), q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    sa, sb = _state(model), _state(eager)
+    for n in sa:
+        tol.assert_close(sa[n].cuda(), sb[n], msg=lambda m, n=n: f"{n}: {m}")
+    return modelpar.plans()[-1]
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("name", PLACED)
+def test_placed_training_on_logical_devices_of_one_gpu_equals_eager(name: str, devices: int) -> None:
+    plan = _train(name, {"devices": devices, "placer": "m-etf", "device_map": "cuda:0"})
+    assert f"{devices}" in str(plan)
+
+
+def test_graph_replay_training_equals_eager_and_captures() -> None:
+    plan = _train("mlp", {"devices": 2, "device_map": "cuda:0", "cuda_graphs": True}, steps=4)
+    text = str(plan)
+    assert "captured" in text.lower(), text
+
+
+def test_cpu_model_with_cuda_device_map_trains_and_returns_to_the_callers_devices() -> None:
+    """Parameters and inputs on the CPU, the plan on cuda:0: outputs come back
+    on the CPU and each gradient on its parameter's device."""
+    _train("mlp", {"devices": 2, "device_map": "cuda:0"}, model_device="cpu")
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+@pytest.mark.parametrize("name", ["mlp", "gpt"])
+def test_1f1b_pipeline_on_logical_devices_of_one_gpu_equals_eager(name: str, devices: int) -> None:
+    case = CASES[name]
+    tol = Reordered(256, depth=34)
+    model = case.make_model().cuda()
+    eager = copy.deepcopy(model)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return case.loss(model(x), y)
+
+    fast = torch.compile(step, backend="modelpar", options={
+        "strict": True, "devices": devices, "device_map": "cuda:0",
+        "pipeline": {"microbatches": 4, "schedule": "1f1b"}})
+    for seed in range(2):
+        model.zero_grad()
+        eager.zero_grad()
+        x, y = case.batch(seed, 8)
+        loss = fast(x.cuda(), y.cuda())
+        ref = case.loss(eager(x.cuda()), y.cuda())
+        tol.assert_close(loss, ref)
+        loss.backward()
+        ref.backward()
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert (p.grad is None) == (q.grad is None), n
+            if p.grad is not None:
+                tol.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+    plan = modelpar.plans()[-1]
+    assert plan.pipeline.schedule == "1f1b"
+
+
+def test_importing_modelpar_leaves_cuda_autograd_alone() -> None:
+    """The modelpar device name waits for modelpar.device.enable() where a
+    GPU is visible (Note [Naming the device is not free]): CUDA stays
+    PyTorch's accelerator and a plain CUDA backward works."""
+    assert not modelpar.device.enabled()
+    assert torch.accelerator.current_accelerator().type == "cuda"
+    x = torch.randn(4, 4, device="cuda", requires_grad=True)
+    (x * 2).sum().backward()
+    torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
