@@ -42,11 +42,6 @@ std::vector<int> bindArgs(const ir::Node& n, const c10::FunctionSchema& s) {
   return out;
 }
 
-bool namesCpu(const ir::Arg& a) {
-  if (a.kind() == ir::Arg::Kind::Device) return a.toStringRef().rfind("cuda", 0) != 0;
-  return std::any_of(a.items().begin(), a.items().end(), namesCpu);
-}
-
 bool boolTensorValue(const ir::Graph& g, const ir::Arg& a) {
   if (a.isValue()) {
     const ir::Type& t = g.value(a.toValue()).type;
@@ -92,9 +87,6 @@ std::string nodeIssue(const ir::Graph& g, const ir::Node& n) {
       return index ? "indexes with a bool mask: the output size depends on the data"
                    : "its output shape depends on the data (tag dynamic_output_shape)";
     }
-  }
-  if (std::any_of(n.args.begin(), n.args.end(), namesCpu)) {
-    return "makes a CPU tensor (a device(\"cpu\") argument); a capture records GPU work only";
   }
   for (ir::ValueId v : n.outputs) {
     if (g.value(v).type.isTensor() && !g.value(v).type.hasStaticShape()) {

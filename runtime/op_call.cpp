@@ -77,7 +77,9 @@ bool fits(const ir::Arg& a, const c10::Type& t, const ir::Graph& g, bool& unsupp
     case TypeKind::OptionalType:
       return a.isNone() || fits(a, elementOf(t), g, unsupported);
     case TypeKind::TensorType:  // a number becomes a wrapped-number tensor (wrappedNumber)
-      return valueOf(VK::Tensor) || a.kind() == ArgKind::Int || a.kind() == ArgKind::Float ||
+      // None is an undefined tensor, as the dispatcher takes it: AOTAutograd's
+      // backward of efficient attention passes attn_bias=None to a `Tensor`.
+      return a.isNone() || valueOf(VK::Tensor) || a.kind() == ArgKind::Int || a.kind() == ArgKind::Float ||
              a.kind() == ArgKind::Bool || valueOf(VK::Int) || valueOf(VK::Float) ||
              valueOf(VK::Bool);
     case TypeKind::IntType:
@@ -227,6 +229,10 @@ ResolvedOp::ResolvedOp(const ir::Graph& g, ir::NodeId n) : handle_(findOp(g, n))
     const c10::Argument& p = params[i];
     Slot& slot = slots_[i];
     slot.type = p.real_type();
+    const c10::Type& plain = slot.type->kind() == TypeKind::OptionalType
+                                 ? *slot.type->castRaw<c10::OptionalType>()->getElementType()
+                                 : *slot.type;
+    slot.device = plain.kind() == TypeKind::DeviceObjType;
     if (given[i] == nullptr) {
       MP_RT_CHECK(p.default_value().has_value(), InvalidIrError, where, ": missing argument '",
                   p.name(), "' (", slot.type->str(), "); schema: ", schema);
@@ -293,6 +299,7 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
   }
   switch (t.kind()) {
     case TypeKind::TensorType:
+      if (a.isNone()) return at::Tensor();
       return wrappedNumber(scalarOf(a));
     case TypeKind::IntType:
     case TypeKind::SymIntType:
@@ -376,10 +383,24 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
   }
 }
 
-std::vector<c10::IValue> ResolvedOp::call(const Env& env) const {
+// Note [Factory ops follow their device]
+// A graph traced on the CPU (torch.compile's fake tensors on the caller's
+// device, or an IR file) names devices as constants: torch.arange(T,
+// device=x.device) becomes aten::arange(..., device=cpu), and a factory op
+// with device=None makes a CPU tensor. Run on a GPU, such a tensor meets the
+// GPU tensors of its consumers and the op fails ("index is on cpu"; seen on
+// the first GPU run). The plan placed the node on a logical device, so its
+// tensors belong there: the executor passes the device's GPU and every
+// Device / Device? argument becomes it. CPU workers pass nothing and run the
+// graph as written (they all share the CPU).
+std::vector<c10::IValue> ResolvedOp::call(const Env& env, const c10::Device* place_on) const {
   std::vector<c10::IValue> stack;
   stack.reserve(slots_.size());
   for (const Slot& s : slots_) {
+    if (place_on != nullptr && s.device) {
+      stack.emplace_back(*place_on);
+      continue;
+    }
     stack.push_back(s.dynamic ? build(s.arg, *s.type, &env) : s.constant);
   }
   handle_.callBoxed(stack);

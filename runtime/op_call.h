@@ -43,7 +43,11 @@ class ResolvedOp {
   /// is empty or the results do not match the node's output count or types
   /// (symbolic dims are not checked; an undefined tensor passes). Errors of
   /// the operator itself propagate as c10::Error.
-  std::vector<c10::IValue> call(const Env& env) const;
+  ///
+  /// `place_on`, when given, replaces every Device / Device? argument (Note
+  /// [Factory ops follow their device]): the executor passes its GPU for the
+  /// logical devices it maps to one.
+  std::vector<c10::IValue> call(const Env& env, const c10::Device* place_on = nullptr) const;
 
   /// `%y` (the node's first output) or `^label`.
   const std::string& nodeRef() const { return node_ref_; }
@@ -59,6 +63,7 @@ class ResolvedOp {
     ir::Arg arg;
     c10::TypePtr type;
     bool dynamic = false;
+    bool device = false;  // a Device or Device? argument
   };
 
   c10::IValue build(const ir::Arg& a, const c10::Type& t, const Env* env) const;

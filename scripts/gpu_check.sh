@@ -82,13 +82,24 @@ torch_cmake="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 tail -1 "$logs/build.log"
 build="$root/build-gpu"
 status=0
+# The image's default compiler (/opt/gcc/bin/g++, CXX) finds no libstdc++.so
+# and links libstdc++.a into every shared object: libmodelpar.so then carries
+# a second copy of the C++ library beside the process's, and its first
+# std::ostringstream crashed inside Python. The system g++ links the shared one.
+for cxx in /usr/bin/g++ /usr/bin/g++-13; do
+  [ -x "$cxx" ] && "$cxx" -print-file-name=libstdc++.so | grep -q / && { export CXX="$cxx" CC="${cxx/g++/gcc}"; break; }
+done
+if [ -f "$build/CMakeCache.txt" ] && ! grep -q "CMAKE_CXX_COMPILER:FILEPATH=${CXX:-}\$" "$build/CMakeCache.txt"; then
+  rm -rf "$build"
+fi
+echo "compiler: ${CXX:-default}" >>"$logs/build.log"
 t0=$(date +%s)
 if [ ! -f "$build/build.ninja" ]; then
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DPython_EXECUTABLE="$py" -DPKG_CONFIG_EXECUTABLE="$prefix/usr/bin/pkgconf" \
     -DCMAKE_PREFIX_PATH="$prefix/usr;$libdir/cmake;$torch_cmake" \
     -DMODELPAR_WITH_CUDA=ON -DMODELPAR_WITH_PASSES=ON \
-    -DTORCH_CUDA_ARCH_LIST="${CUDA_ARCH:-9.0}" \
+    -DTORCH_CUDA_ARCH_LIST="${CUDA_ARCH:-9.0}" ${CXX:+-DCMAKE_CUDA_HOST_COMPILER="$CXX"} \
     >>"$logs/build.log" 2>&1 || { tail -40 "$logs/build.log"; exit 1; }
 fi
 cmake --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target modelpar_runtime_tests _C -- -k 0 \

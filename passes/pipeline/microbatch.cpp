@@ -296,6 +296,11 @@ void Microbatcher::checkExactness() const {
       const Type& t = g_.value(o).type;
       if (!t.isTensor() || hasBatchDim(o)) continue;
       if (std::optional<int64_t> n = t.numel(); n && *n == 0) continue;
+      // The GPU attention kernels also return their dropout RNG state
+      // (philox seed and offset) and sequence bookkeeping as int64 tensors
+      // without a batch dimension; only their backward reads them, per
+      // micro-batch. Seen on the first GPU run: efficient attention.
+      if (classifyOp(nd.op) == OpFamily::Attention && t.dtype == ir::ScalarType::Int64) continue;
       MP_THROW(UnsupportedOpError,
                "{}: graph @{}: %{} = {} reduces over the batch in the forward and is not the "
                "loss: per micro-batch it would differ from the full batch's{}",

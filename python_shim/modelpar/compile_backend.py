@@ -224,7 +224,8 @@ class _MultiDevice:
     the plan (``Plan.record_run``)."""
 
     def __init__(self, executor: Any, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind) -> None:
+                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
+                 homes: Sequence[torch.device | None] | None = None) -> None:
         # In the instance __dict__: Dynamo's wrapper of the backward copies
         # it with functools.wraps, which misses class attributes.
         self._boxed_call = True
@@ -233,6 +234,7 @@ class _MultiDevice:
         self.constants = list(constants)
         self.plan = plan
         self.kind = kind.value
+        self.homes = list(homes) if homes is not None else None
 
     def __call__(self, args: list[Any]) -> list[Any]:
         inputs = list(args)
@@ -240,8 +242,35 @@ class _MultiDevice:
         inputs.extend(self.constants)
         start = time.perf_counter_ns()
         outs = self.executor.run(inputs)
+        picked = [None if o < 0 else outs[o] for o in self.output_map]
+        if self.homes is not None:  # Note [Outputs go home]
+            picked = [v.to(h) if h is not None and isinstance(v, torch.Tensor) and v.device != h else v
+                      for v, h in zip(picked, self.homes)]
         self.plan.record_run(self.kind, self.executor, start, time.perf_counter_ns())
-        return [None if o < 0 else outs[o] for o in self.output_map]
+        return picked
+
+
+def output_homes(gm: torch.fx.GraphModule, kind: GraphKind,
+                 num_fwd_outputs: int | None) -> list[torch.device | None]:
+    """Where AOTAutograd expects each output of ``gm``: the device of its
+    fake value, or None where it does not matter.
+
+    Note [Outputs go home]: on GPUs the executor leaves each output on the
+    GPU of the logical device that made it, but the caller traced with its own
+    devices: a CPU model compiled with device_map="cuda:0" must get its
+    outputs on the CPU, and the autograd engine rejects a gradient on another
+    device than its parameter's. So user-visible outputs and gradients go to
+    the device of their fake value; a forward's saved activations (outputs
+    past ``num_fwd_outputs``) stay where they were made, since only the
+    backward, on the same executor's devices, reads them."""
+    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    homes: list[torch.device | None] = []
+    for i, n in enumerate(outs):
+        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
+        saved = kind is GraphKind.FORWARD and num_fwd_outputs is not None and i >= num_fwd_outputs
+        homes.append(val.device if isinstance(val, torch.Tensor) and not saved else None)
+    return homes
 
 
 class _RankStep(_MultiDevice):
@@ -329,7 +358,7 @@ class _Capture:
             if self.opts.whole_step:
                 compiled = self.pipelined(gm, graph, kind, imported)
             elif self.opts.planned:
-                placement, compiled = self.place(graph, kind, imported)
+                placement, compiled = self.place(graph, kind, imported, gm)
             else:
                 compiled = _C.CompiledGraph(graph, imported.output_map, imported.constants)
                 compiled._boxed_call = True  # called as compiled(args); see bind_compile.cpp
@@ -447,7 +476,8 @@ class _Capture:
             return pipe.forward()
         return pipe.backward()
 
-    def place(self, graph: Any, kind: GraphKind, imported: Any) -> tuple[Any, "_MultiDevice"]:
+    def place(self, graph: Any, kind: GraphKind, imported: Any,
+              gm: torch.fx.GraphModule) -> tuple[Any, "_MultiDevice"]:
         """The plan of ``graph`` on ``opts.devices`` devices, and the
         graph bound to an Executor on ``opts.device_map``.
 
@@ -500,7 +530,10 @@ class _Capture:
                       record_trace=self.opts.trace is not None,
                       replay="graphs" if self.opts.cuda_graphs else "streams")
         self.executors[kind.value] = ex
-        return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind)
+        on_gpu = self.opts.executor_device_map.startswith("cuda")
+        homes = output_homes(gm, kind, self.num_fwd_outputs) if on_gpu else None
+        return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind,
+                                       homes)
 
     def plan_key(self) -> tuple[str, str, int]:
         """The user function this capture compiles (same for its training and

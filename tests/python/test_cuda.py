@@ -13,6 +13,7 @@ shape (tests/python/tolerances.py gives the bound per model)."""
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import torch
@@ -69,11 +70,7 @@ def _train(name: str, options: dict, *, model_device: str = "cuda", steps: int =
         case.loss(out, y.to(model_device)).backward()
         case.loss(ref, y.cuda()).backward()
         if step == 0:
-            for (n, p), q in zip(model.named_parameters(), eager.parameters()):
-                assert (p.grad is None) == (q.grad is None), n
-                if p.grad is not None:
-                    assert p.grad.device == p.device, f"grad of {n} on {p.grad.device}, param on {p.device}"
-                    tol.assert_close(p.grad.cuda(), q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+            _assert_grads(model, eager, tol)
         opt.step()
         ref_opt.step()
         opt.zero_grad()
@@ -82,6 +79,23 @@ def _train(name: str, options: dict, *, model_device: str = "cuda", steps: int =
     for n in sa:
         tol.assert_close(sa[n].cuda(), sb[n], msg=lambda m, n=n: f"{n}: {m}")
     return modelpar.plans()[-1]
+
+
+def _assert_grads(model: torch.nn.Module, eager: torch.nn.Module, tol: Reordered) -> None:
+    """Every gradient equals eager's and lies on its parameter's device. A
+    gradient that is zero in exact arithmetic (a conv bias before batch norm)
+    holds only the rounding noise of terms the size of the model's other
+    gradients: it is compared at that scale (Reordered.tolerance)."""
+    grads = [q.grad for q in eager.parameters() if q.grad is not None]
+    model_scale = max(float(g.abs().max()) for g in grads)
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None), n
+        if p.grad is None:
+            continue
+        assert p.grad.device == p.device, f"grad of {n} on {p.grad.device}, param on {p.device}"
+        own = float(q.grad.abs().max())
+        scale = model_scale if own < 1e-3 * model_scale else None
+        tol.assert_close(p.grad.cuda(), q.grad, msg=lambda m, n=n: f"grad of {n}: {m}", scale=scale)
 
 
 @pytest.mark.parametrize("devices", [2, 4])
@@ -94,7 +108,7 @@ def test_placed_training_on_logical_devices_of_one_gpu_equals_eager(name: str, d
 def test_graph_replay_training_equals_eager_and_captures() -> None:
     plan = _train("mlp", {"devices": 2, "device_map": "cuda:0", "cuda_graphs": True}, steps=4)
     text = str(plan)
-    assert "captured" in text.lower(), text
+    assert re.search(r"graph replay: \d+ CUDA graphs on 2 logical devices", text), text
 
 
 def test_cpu_model_with_cuda_device_map_trains_and_returns_to_the_callers_devices() -> None:
@@ -103,8 +117,7 @@ def test_cpu_model_with_cuda_device_map_trains_and_returns_to_the_callers_device
     _train("mlp", {"devices": 2, "device_map": "cuda:0"}, model_device="cpu")
 
 
-@pytest.mark.parametrize("devices", [2, 4])
-@pytest.mark.parametrize("name", ["mlp", "gpt"])
+@pytest.mark.parametrize("name,devices", [("mlp", 2), ("gpt", 2), ("gpt", 4)])  # mlp: 3 layers
 def test_1f1b_pipeline_on_logical_devices_of_one_gpu_equals_eager(name: str, devices: int) -> None:
     case = CASES[name]
     tol = Reordered(256, depth=34)
@@ -126,10 +139,7 @@ def test_1f1b_pipeline_on_logical_devices_of_one_gpu_equals_eager(name: str, dev
         tol.assert_close(loss, ref)
         loss.backward()
         ref.backward()
-        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
-            assert (p.grad is None) == (q.grad is None), n
-            if p.grad is not None:
-                tol.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+        _assert_grads(model, eager, tol)
     plan = modelpar.plans()[-1]
     assert plan.pipeline.schedule == "1f1b"
 
