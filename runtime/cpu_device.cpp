@@ -234,6 +234,8 @@ class CpuWorkerDevice final : public Device {
   }
   void acceptFromCaller() override {}
   void handToCaller(const c10::IValue&) override {}
+  void finishStep() override { synchronize(); }
+  void joinCaller() override {}
   void synchronize() override {
     for (auto& [peer, s] : tx_) s->waitFor(s->issued());
   }

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -187,6 +188,20 @@ class CudaDevice final : public Device {
     if (!v.isTensor() || !v.toTensor().defined() || !v.toTensor().is_cuda()) return;
     recordOn(v, c10::cuda::getCurrentCUDAStream(v.toTensor().device().index()));
   }
+  void finishStep() override {}
+  void joinCaller() override {
+    size_t k = 0;
+    auto join = [&](const c10::cuda::CUDAStream& s) {
+      const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(s.device_index());
+      if (s == caller) return;
+      if (k == exit_.size()) exit_.push_back(std::make_unique<c10::cuda::CUDAEvent>(cudaEventDisableTiming));
+      exit_[k]->record(s);
+      exit_[k++]->block(caller);
+    };
+    join(compute_.get());
+    for (auto& [peer, s] : tx_) join(s->get());
+    for (auto& [peer, s] : rx_) join(s->get());
+  }
   void synchronize() override {
     for (auto& [peer, s] : tx_) s->get().synchronize();
     for (auto& [peer, s] : rx_) s->get().synchronize();
@@ -203,6 +218,9 @@ class CudaDevice final : public Device {
   std::map<int, std::unique_ptr<CudaStream>> tx_;  // by destination
   std::map<int, std::unique_ptr<CudaStream>> rx_;  // by source, on this GPU
   c10::cuda::CUDAEvent entry_{cudaEventDisableTiming};
+  // joinCaller's: one per stream, in the order it visits them (each stays on
+  // its stream's GPU, which CUDAEvent requires).
+  std::vector<std::unique_ptr<c10::cuda::CUDAEvent>> exit_;
 };
 
 }  // namespace

@@ -127,6 +127,16 @@ class Device {
   /// recorded on the output's memory (CUDA), so the caching allocator does
   /// not hand it to this device's streams while the caller still uses it.
   virtual void handToCaller(const c10::IValue& v) = 0;
+  /// On the worker, at the end of a step. CPU: waits for the device's
+  /// copies (synchronize()), so the step's values are complete when the
+  /// worker reports done. CUDA: nothing; the host never waits for the GPU
+  /// (joinCaller() orders the caller after the step instead).
+  virtual void finishStep() = 0;
+  /// On the caller's thread, after a step: the caller's current streams wait
+  /// (on the GPU, through events) for all work issued to this device's
+  /// streams, so whatever the caller does next with the outputs or the inputs
+  /// comes after the step. CPU: no-op.
+  virtual void joinCaller() = 0;
   /// Blocks until all work issued to this device's streams has finished.
   /// Throws Cancelled (CPU) when cancelled while waiting.
   virtual void synchronize() = 0;

@@ -46,9 +46,14 @@
 //    (or a view of it) while it is still being copied.
 //  - Dangling free (Note [Lifetime of sent tensors] below).
 // Steps are fenced with the caller: the compute streams wait for the
-// caller's current stream before reading inputs, the step ends only when
-// every device's streams are idle, and returned tensors are recorded on the
-// caller's stream.
+// caller's current stream before reading inputs (acceptFromCaller), the
+// caller's current streams wait for every stream of every device when the
+// step ends (joinCaller: events, no host wait, so the host runs ahead of the
+// GPU as eager PyTorch does; CPU workers finish their copies before they
+// report done), and returned tensors are recorded on the caller's stream.
+// The first GPU run measured the host wait this replaced: a compute-bound
+// step took 12.4 ms against eager's 8.7 ms, with the GPU idle between the
+// forward and the backward.
 //
 // Note [Lifetime of sent tensors]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -150,7 +155,7 @@ void Executor::Impl::runLane(int d) {
       if (capture_ != nullptr) capture_->after(d, i);
     }
     if (capture_ != nullptr) capture_->abandon(d);  // a capture left open by a cancel
-    if (!cancelled_.load()) lane.device->synchronize();
+    if (!cancelled_.load()) lane.device->finishStep();
   } catch (const Cancelled&) {
     if (capture_ != nullptr) capture_->abandon(d);
   } catch (const std::exception&) {
@@ -368,6 +373,9 @@ std::vector<c10::IValue> Executor::Impl::runStep(std::vector<c10::IValue>& input
     throw InstructionError(std::move(f.message), f.device, f.instruction);
   }
 
+  // The caller's streams wait for the step on the GPU; the host goes on
+  // (Note [Executor stream protocol], "Steps are fenced with the caller").
+  for (Lane& lane : lanes_) lane.device->joinCaller();
   std::vector<c10::IValue> out;
   out.reserve(g.outputs().size());
   for (ir::ValueId v : g.outputs()) {
