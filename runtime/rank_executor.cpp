@@ -221,7 +221,8 @@ class RankExecutor::Impl {
         const ResolvedOp& op = ops_[static_cast<size_t>(inst.node)];
         std::vector<c10::IValue> out;
         try {
-          out = op.call(env_);
+          // Note [Factory ops follow their device] (op_call.cpp): on a GPU rank.
+          out = op.call(env_, options_.device.is_cuda() ? &options_.device : nullptr);
         } catch (const Error& e) {
           MP_RT_THROW(ExecutionError, where(i, inst), ": ", e.what());
         } catch (const std::exception& e) {

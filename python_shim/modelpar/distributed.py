@@ -24,9 +24,12 @@ Example (``torchrun --nproc-per-node 2 train.py``)::
 
 from __future__ import annotations
 
+import atexit
+import gc
 import hashlib
 import re
 import time
+import weakref
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -181,6 +184,26 @@ def check_homes(program: Any, key: Any, training: bool) -> None:
                 "not yet guaranteed: evaluate with the training graph, or on one process")
 
 
+# Note [Letting go of the group at exit]
+# A RankExecutor holds its process group (the Python object and, in C++, the
+# c10d backend), and compiled functions keep their executors for the life of
+# the process. So dist.destroy_process_group() does not destroy a group that
+# modelpar ran on: it lived until the interpreter's final garbage collection,
+# where a Gloo group's worker thread was sometimes torn down by a forced
+# unwind and the process aborted after a successful run ("terminate called
+# without an active exception"; 1 in 4 runs of the pipelined rank tests on a
+# loaded 2-core machine). An atexit hook closes every live executor first, so
+# the group goes while the interpreter is whole.
+_live_executors: "weakref.WeakSet[RankExecutor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_executors() -> None:
+    for ex in list(_live_executors):
+        ex.close()
+    gc.collect()
+
+
 class RankExecutor:
     """Runs rank ``rank``'s instruction list of ``program`` (a Program with
     one device per rank of ``group``) on the C++ rank executor.
@@ -202,6 +225,13 @@ class RankExecutor:
         self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
                                    output_homes=[tuple(h) for h in output_homes], verify=verify)
+        _live_executors.add(self)
+
+    def close(self) -> None:
+        """Drops this executor's hold on the process group (Note [Letting go
+        of the group at exit]); run() raises afterwards."""
+        self._ex = None
+        self.group = None
 
     def run(self, inputs: Sequence[Any]) -> list[Any]:
         """One step: returns one value per graph output, None for the
@@ -212,6 +242,8 @@ class RankExecutor:
                 transfer with another rank that did not complete; the message
                 names the failed rank (Note [Naming the failed rank]).
         """
+        if self._ex is None:
+            raise ExecutionError("modelpar: this rank executor was closed (the process is exiting)")
         inputs = list(inputs)
         _note_inputs(inputs, self.input_devices, self.rank_now)
         try:
