@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import modelpar
+from device_training import train_on
 from tolerances import Reordered
 
 # The replayed step runs AOTAutograd-style decomposed ops, and capturable Adam evaluates its
@@ -38,21 +39,7 @@ class Block(torch.nn.Module):
 
 
 def _train(device: str, make_optimizer, steps: int) -> tuple[list[float], torch.nn.Module]:
-    torch.manual_seed(0)
-    model = Block().to(device)
-    modelpar.attach(model)
-    opt = make_optimizer(model.parameters(), device)
-    losses = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(100 + step)
-        x = torch.randn(4, 3, 6, 6, generator=g).to(device)
-        y = torch.randint(0, 5, (4,), generator=g).to(device)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, model
+    return train_on(device, Block, lambda p: make_optimizer(p, device), steps)
 
 
 OPTIMIZERS = {

@@ -11,6 +11,7 @@ import torch
 
 import modelpar
 from modelpar import ConfigError
+from device_training import train_on
 from test_device_backend import OPTIMIZERS, TOL, Block, _train
 from tolerances import Reordered
 
@@ -79,23 +80,9 @@ def test_step_placed_on_cpu_workers_trains_like_cpu(name: str, devices: int) -> 
 
 
 def _train_scheduled_adam(device: str, steps: int) -> list[float]:
-    torch.manual_seed(0)
-    model = Block().to(device)
-    modelpar.attach(model)
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)  # step counts are CPU tensors
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
-    losses = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(100 + step)
-        x = torch.randn(4, 3, 6, 6, generator=g).to(device)
-        y = torch.randint(0, 5, (4,), generator=g).to(device)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        sched.step()
-        losses.append(loss.item())
-    return losses
+    # Not capturable: the step counts are CPU tensors.
+    return train_on(device, Block, lambda p: torch.optim.Adam(p, lr=0.01), steps,
+                    make_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5))[0]
 
 
 @pytest.mark.parametrize("devices", [1, 2])
@@ -143,21 +130,7 @@ class Convs(torch.nn.Module):
 
 
 def _train_convs(device: str, steps: int, batch: int = 10) -> tuple[list[float], torch.nn.Module]:
-    torch.manual_seed(0)
-    model = Convs().to(device)
-    modelpar.attach(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    losses = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(100 + step)
-        x = torch.randn(batch, 3, 6, 6, generator=g).to(device)
-        y = torch.randint(0, 5, (batch,), generator=g).to(device)
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses, model
+    return train_on(device, Convs, lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9), steps, batch)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "1f1b*"])
