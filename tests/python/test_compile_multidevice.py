@@ -407,3 +407,20 @@ def test_a_symbolic_batch_is_costed_at_the_size_of_the_call() -> None:
     one = _joint_single_device_us(1, dynamic=False)
     assert dynamic == pytest.approx(static, rel=1e-6)
     assert dynamic > 1.5 * one, (dynamic, one)
+
+
+def test_outputs_go_home_except_saved_activations() -> None:
+    """Note [Outputs go home] (compile_backend.py): on GPUs each output goes to
+    the device of its fake value (the caller's, a parameter's), except a
+    forward's saved activations, which only the backward reads."""
+    from modelpar.compile_backend import GraphKind, output_homes
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    a.meta["val"] = torch.empty(2, device="meta")
+    b.meta["val"] = torch.empty(2)
+    g.output((a, b, None))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    meta, cpu = torch.device("meta"), torch.device("cpu")
+    assert output_homes(gm, GraphKind.FORWARD, 1) == [meta, None, None]  # b is saved
+    assert output_homes(gm, GraphKind.FORWARD, None) == [meta, cpu, None]
+    assert output_homes(gm, GraphKind.BACKWARD, 1) == [meta, cpu, None]

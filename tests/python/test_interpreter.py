@@ -378,3 +378,16 @@ graph @f(%x: float input) {
         modelpar.run_graph(g, [float("nan")])
     with pytest.raises(modelpar.ExecutionError, match="sym_int: cannot convert float inf to integer"):
         modelpar.run_graph(g, [float("inf")])
+
+
+def test_none_for_a_tensor_argument_is_an_undefined_tensor() -> None:
+    """AOTAutograd's backward of efficient attention passes attn_bias=None to
+    a `Tensor` argument, as the dispatcher allows (seen on the first GPU
+    run): the IR resolves; on the CPU the op itself has no kernel."""
+    g = modelpar.parse_graph("""graph @g(%go: f32[1, 2, 4, 8] input, %q: f32[1, 2, 4, 8] input, %k: f32[1, 2, 4, 8] input, %v: f32[1, 2, 4, 8] input, %o: f32[1, 2, 4, 8] input, %lse: f32[1, 2, 32] input, %s: i64[] input, %off: i64[] input) {
+  %dq: f32[1, 2, 4, 8], %dk: f32[1, 2, 4, 8], %dv: f32[1, 2, 4, 8], %db: f32[0] = aten::_scaled_dot_product_efficient_attention_backward(%go, %q, %k, %v, None, %o, %lse, %s, %off, 0.0, [true, true, true, false])
+  return %dq, %dk, %dv
+}""")
+    inputs = [torch.randn(1, 2, 4, 8)] * 5 + [torch.randn(1, 2, 32), torch.tensor(0), torch.tensor(0)]
+    with pytest.raises(modelpar.ExecutionError, match="from the 'CPU' backend"):
+        modelpar.run_graph(g, inputs)

@@ -626,5 +626,23 @@ graph @nll(%x: f32[B, 3] input, %t: i64[B] input, %cw: f32[3] param) {
   EXPECT_HAS(nodeText(microbatch(ir::parseGraph(plain), opts(2, 4)), "loss"), "alpha=0.5");
 }
 
+// The GPU attention kernels return their dropout RNG state (philox seed and
+// offset) as int64 tensors without a batch dimension: not a reduction over
+// the batch (seen on the first GPU run with efficient attention). A float
+// output without a batch dimension still is.
+TEST(Microbatch, AcceptsTheRngStateOfGpuAttention) {
+  const char* text = R"(
+graph @attn(%q: f32[B, 2, 4, 8] input, %k: f32[B, 2, 4, 8] input, %v: f32[B, 2, 4, 8] input) {
+  %o: f32[B, 2, 4, 8], %lse: f32[B, 2, 32], %seed: i64[], %off: i64[] = aten::_scaled_dot_product_efficient_attention(%q, %k, %v, None, true) {layer="attn", phase=fwd}
+  %loss: f32[] = aten::sum(%o) {layer="loss", phase=fwd}
+  return %loss
+})";
+  EXPECT_NO_THROW(microbatch(ir::parseGraph(text), opts(2, 4)));
+  std::string reduced = text;
+  reduced.replace(reduced.find("%off: i64[]"), 11, "%off: f32[]");
+  std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(reduced), opts(2, 4)); });
+  EXPECT_HAS(msg, "%off = aten::_scaled_dot_product_efficient_attention reduces over the batch");
+}
+
 }  // namespace
 }  // namespace modelpar::passes
