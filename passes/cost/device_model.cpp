@@ -179,6 +179,13 @@ void DeviceModel::setSendOverheadUs(double us) {
   send_overhead_us_ = us;
 }
 
+void DeviceModel::setWorkerOverheadUs(double us) {
+  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
+           "modelpar device-model: worker_overhead_us={} is not valid; it takes a finite number "
+           "of microseconds >= 0", us);
+  worker_overhead_us_ = us;
+}
+
 std::string DeviceModel::toJson(int indent) const {
   Json devs = Json::array();
   for (const DeviceSpec& d : devices_) {
@@ -205,6 +212,7 @@ std::string DeviceModel::toJson(int indent) const {
   if (step_overhead_us_ != 0) j["step_overhead_us"] = step_overhead_us_;  // optional member
   if (host_cores_ != 0) j["host_cores"] = host_cores_;                    // optional member
   if (send_overhead_us_ != 0) j["send_overhead_us"] = send_overhead_us_;  // optional member
+  if (worker_overhead_us_ != 0) j["worker_overhead_us"] = worker_overhead_us_;  // optional
   return j.dump(indent);
 }
 
@@ -251,6 +259,9 @@ DeviceModel DeviceModel::fromJson(std::string_view text) {
   if (j.contains("host_cores")) m.setHostCores(number(j, "host_cores", "the profile"));
   if (j.contains("send_overhead_us")) {
     m.setSendOverheadUs(number(j, "send_overhead_us", "the profile"));
+  }
+  if (j.contains("worker_overhead_us")) {
+    m.setWorkerOverheadUs(number(j, "worker_overhead_us", "the profile"));
   }
   return m;
 }

@@ -83,6 +83,13 @@ class DeviceModel {
   double sendOverheadUs() const { return send_overhead_us_; }
   /// Throws ConfigError unless 0 <= us < infinity.
   void setSendOverheadUs(double us);
+  /// What each device of a program beyond the first adds to the step's
+  /// fixed cost (CPU workers: waking one more worker and waiting for it;
+  /// modelpar/cpu_profile.py measures it). simulate() adds it (devices - 1)
+  /// times. 0 by default.
+  double workerOverheadUs() const { return worker_overhead_us_; }
+  /// Throws ConfigError unless 0 <= us < infinity.
+  void setWorkerOverheadUs(double us);
   /// The link src -> dst (src != dst).
   const LinkSpec& link(int src, int dst) const;
   /// Sets the link src -> dst, and dst -> src when `symmetric`.
@@ -116,6 +123,7 @@ class DeviceModel {
   double step_overhead_us_ = 0.0;
   double host_cores_ = 0.0;
   double send_overhead_us_ = 0.0;
+  double worker_overhead_us_ = 0.0;
   std::vector<LinkSpec> links_;      // N*N, row = source
   std::vector<uint8_t> explicit_;    // N*N: 1 where setLink set the link
 };

@@ -309,7 +309,7 @@ class Simulator {
       for (const Device& dev : devices_) busy += dev.compute_busy;
       rep.step_time_us = std::max(rep.step_time_us, busy / m_.hostCores());
     }
-    rep.step_time_us += m_.stepOverheadUs();
+    rep.step_time_us += m_.stepOverheadUs() + (nd_ - 1) * m_.workerOverheadUs();
     // Critical path: follow causes back from the last end; a send stands for its recv.
     for (int32_t c = last; c != kNone; c = cause_[static_cast<size_t>(c)]) {
       const ir::Instruction& i = inst(c);

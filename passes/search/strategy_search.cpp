@@ -199,10 +199,12 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   result.t1_us = t1;
   for (StrategyCandidate& c : result.candidates) {
     if (c.status == CandidateStatus::Failed) continue;
-    double n = c.kind == "one-device" ? 1 : o.devices;
+    int devices = c.kind == "one-device" ? 1 : o.devices;
+    double n = devices;
     if (machine.hostCores() > 0) n = std::min(n, machine.hostCores());  // Note [Shared host cores]
     int m = c.kind == "pipeline" ? c.microbatches : 1;
-    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs();
+    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs() +
+                       (devices - 1) * machine.workerOverheadUs();
   }
 
   // 3. Plan and simulate in order of bound; stop when the bound cannot win.

@@ -26,7 +26,8 @@
 // profiled time is split the same way (MicrobatchOptions::
 // launch_overhead_us), so m micro-batches cost at least (T1 - L) + m·L
 // together, and N devices run them in no less than
-// LB = ((T1 - L) + m·L) / N + the machine's step overhead (placements:
+// LB = ((T1 - L) + m·L) / N + the machine's step overhead (and worker
+// overhead N - 1 times: a placement's or pipeline's program has N devices) (placements:
 // m = 1; one device: N = 1; N is at most the machine's host cores where it
 // sets them, Note [Shared host cores] in passes/lower/simulate.cpp). The search plans candidates in order of LB and
 // stops once LB > the best step found: none of the rest can beat it

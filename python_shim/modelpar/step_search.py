@@ -148,29 +148,34 @@ def _profiled(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
 
 
 def _one_worker_us(graph: Any, inputs: list[Any], runs: int = 7) -> float:
-    """The fastest run of ``graph`` on one CPU worker (after one warm-up):
-    the difference of two of these is taken, and other load only ever adds
-    to a run, so the minimum is the steadier estimate."""
+    """The fastest run of ``graph`` on one CPU worker (after one warm-up),
+    of ``runs`` runs or as many as fill about 20 ms (at most 50): the
+    difference of two of these is taken, m times the one at B/m, and other
+    load only ever adds to a run, so the minimum of many is the steadier
+    estimate."""
     from .executor import Executor
     from .planning import plan_graph
     program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
     ex = Executor(program, device_map="cpu-workers", threads_per_device=1)
+    t0 = time.perf_counter_ns()
     ex.run(list(inputs))
+    first_us = (time.perf_counter_ns() - t0) / 1e3
     times = []
-    for _ in range(runs):
+    for _ in range(max(runs, min(50, int(20_000 / max(first_us, 1.0))))):
         t0 = time.perf_counter_ns()
         ex.run(list(inputs))
         times.append((time.perf_counter_ns() - t0) / 1e3)
     return min(times)
 
 
-def _host_cores(graph: Any, inputs: list[Any], devices: int, trials: int = 3) -> float:
+def _host_cores(graph: Any, inputs: list[Any], devices: int, trials: int = 5) -> float:
     """The cores ``devices`` CPU workers get now: the step runs on one
     worker alone (T1 a step) and on ``devices`` workers at once, each its
     own copy, from as many threads (Tn a step of each); cores =
-    devices * T1 / Tn, within [1, devices]. Each timing runs about 20 ms;
-    the median of ``trials``. Other load on the machine (or fewer cores
-    than workers) shows as fewer cores."""
+    devices * T1 / Tn, within [1, devices]. Each timing runs about 20 ms,
+    alone and together in turn; the mean of ``trials`` (other load comes
+    and goes: the mean is the share it leaves on average). Other load on
+    the machine (or fewer cores than workers) shows as fewer cores."""
     import threading
     from .executor import Executor
     from .planning import plan_graph
@@ -205,7 +210,7 @@ def _host_cores(graph: Any, inputs: list[Any], devices: int, trials: int = 3) ->
             t.join()
         tn = (time.perf_counter_ns() - t0) / 1e3 / reps
         estimates.append(devices * t1 / tn)
-    return min(float(devices), max(1.0, statistics.median(estimates)))
+    return min(float(devices), max(1.0, statistics.fmean(estimates)))
 
 
 def _with_measured(machine: str, fixed_us: float, cores: float,

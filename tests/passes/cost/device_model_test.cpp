@@ -88,6 +88,9 @@ TEST(DeviceModel, HostCoresRoundTripAndAreOptionalInTheProfile) {
   m.setSendOverheadUs(9.5);
   EXPECT_DOUBLE_EQ(DeviceModel::fromJson(m.toJson()).sendOverheadUs(), 9.5);
   EXPECT_THROW(m.setSendOverheadUs(-1), ConfigError);
+  m.setWorkerOverheadUs(4.5);
+  EXPECT_DOUBLE_EQ(DeviceModel::fromJson(m.toJson()).workerOverheadUs(), 4.5);
+  EXPECT_THROW(m.setWorkerOverheadUs(std::nan("")), ConfigError);
 }
 
 TEST(DeviceModel, RejectsBadSpecsWithTheirNames) {

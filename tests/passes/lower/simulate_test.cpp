@@ -91,6 +91,9 @@ TEST(Simulate, AddsTheMachinesStepOverheadOnce) {
   SimulationReport r = simulate(p, m);
   EXPECT_DOUBLE_EQ(r.step_time_us, 38.0 + 20.0);
   EXPECT_DOUBLE_EQ(r.devices[0].idle_us, 8.0 + 20.0);
+  // Each device beyond the first adds the worker overhead: 38 + 20 + 1 * 3.
+  m.setWorkerOverheadUs(3.0);
+  EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 61.0);
 }
 
 // Note [Shared host cores]: the diamond's devices compute 30 + 25 us. On
