@@ -127,3 +127,8 @@ def test_auto_times_the_step_on_copies_of_the_inputs(cache):
     rec = modelpar.plans()[-1]
     text = str(rec.step_graph)
     assert text.count("cost={time_us=") == rec.step_graph.num_nodes
+    # The search's machine carries the cores the two workers got (1..2), and
+    # pipelines of m micro-batches their per-op overhead at B/m (m = 2, 4, 8).
+    assert 1.0 <= json.loads(rec.search_machine)["host_cores"] <= 2.0
+    launch = rec.search_microbatch_launch_us
+    assert set(launch) <= {2, 4, 8} and 2 in launch and all(v >= 0 for v in launch.values())
