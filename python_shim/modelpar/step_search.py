@@ -19,13 +19,13 @@ micro-batches of one sample simulated 2x slower than they ran, those of 4
 micro-batches 1.2x faster, on the one overhead fitted at B and B/2), so the
 step also runs at each micro-batch size B/m, and pipelines of m
 micro-batches are planned with the overhead that makes m steps at B/m cost
-what they measured (StrategySearchOptions::microbatch_launch_overhead_us). The CPU workers are
-threads of this process: the cores they get are measured too (the step run
-on every worker at once against one alone) and become the machine's
-``host_cores`` (Note [Shared host cores] in passes/lower/simulate.cpp), so
-that plans which overlap the workers are not simulated on cores that other
-work holds. A placement of the
-whole step runs as one Program, like a step-mode pipeline; in split mode
+what they measured (StrategySearchOptions::microbatch_launch_overhead_us).
+The CPU workers are threads of this process: the cores they get are
+measured too (the step run on every worker at once against one alone) and
+become the machine's ``host_cores`` (Note [Shared host cores] in
+passes/lower/simulate.cpp), so that plans which overlap the workers are not
+simulated on cores that other work holds. A placement of the whole step
+runs as one Program, like a step-mode pipeline; in split mode
 (the loss outside the compiled function) only GPipe pipelines can be split
 at the backward (split_phases needs a pipeline's stages), so only they are
 searched.
