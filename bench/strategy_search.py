@@ -9,7 +9,9 @@ Per model of tests/python/models.py, at 4x its test batch:
 1. ``torch.compile(..., options={"devices": N, "strategy": "auto"})`` runs
    one training step: the step graph is joined, its nodes are timed on a CPU
    worker, and the search runs on this CPU's calibrated profile
-   (modelpar/cpu_profile.py) with the step's measured per-op overhead; its
+   (modelpar/cpu_profile.py) with the step's measured per-op overhead (per
+   micro-batch count) and
+   the cores the workers get (``cores``, Note [Shared host cores]); its
    time is reported (``search``, candidates planned in parentheses).
 2. Every candidate of the search, without pruning, is planned again and its
    Program run on N CPU worker devices (``Executor``, one thread each) on
@@ -61,7 +63,8 @@ def capture(name: str, devices: int, batch: int):
     fast(x, y).backward()
     first_call = time.perf_counter() - t0
     rec = modelpar.plans()[-1]
-    return rec.step_graph, rec.search, rec.search_machine, first_call
+    return (rec.step_graph, rec.search, rec.search_machine, rec.search_microbatch_launch_us,
+            first_call)
 
 
 def step_inputs(graph, batch: int) -> list:
@@ -78,10 +81,11 @@ def step_inputs(graph, batch: int) -> list:
     return example_inputs(graph, sizes)
 
 
-def plan_of(graph, c: dict, devices: int, batch: int, machine: str | None):
+def plan_of(graph, c: dict, devices: int, batch: int, machine: str | None, launch: dict):
     """The plan of one candidate, planned alone."""
     kind = c["kind"]
     s = search_strategy(graph, devices, batch, machine=machine, prune=False,
+                        microbatch_launch_us=launch,
                         one_device=kind == "one-device", placements=kind == "placement",
                         pipelines=kind == "pipeline",
                         placers=[c["placer"]] if kind == "placement" else (),
@@ -131,22 +135,23 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def bench_model(name: str, devices: int, runs: int) -> dict:
     batch = CASES[name].batch_size * 4
-    graph, search, machine_text, first_call = capture(name, devices, batch)
+    graph, search, machine_text, launch, first_call = capture(name, devices, batch)
     # The machine the search planned on: the CPU profile with the step's
     # measured per-op overhead (Note [The searched step]).
     machine = None
+    cores = json.loads(machine_text).get("host_cores", 0.0) if machine_text else 0.0
     if machine_text is not None:
         machine = os.path.join(tempfile.mkdtemp(), f"{name}.json")
         Path(machine).write_text(machine_text)
     chosen_label = search.candidates[search.chosen]["label"]
     full = search_strategy(graph, devices, batch, machine=machine, prune=False,
-                           batch_norm="deferred")
+                           batch_norm="deferred", microbatch_launch_us=launch)
     inputs = step_inputs(graph, batch)
     rows = []
     for c in full.candidates:
         if c["status"] != "ok":
             continue
-        plan = plan_of(graph, c, devices, batch, machine)
+        plan = plan_of(graph, c, devices, batch, machine, launch)
         rows.append({"label": c["label"], "simulated_us": c["step_us"],
                      "measured_us": measure(plan.program, inputs, runs),
                      "peak_bytes": c["peak_bytes"]})
@@ -158,7 +163,8 @@ def bench_model(name: str, devices: int, runs: int) -> dict:
             "candidates": len(full.candidates), "ran": len(rows),
             "search_s": search.seconds, "search_planned": sum(
                 c["status"] != "pruned" for c in search.candidates),
-            "first_call_s": first_call, "chosen": chosen_label,
+            "first_call_s": first_call, "host_cores": cores, "launch_us": launch,
+            "chosen": chosen_label,
             "chosen_us": chosen["measured_us"], "chosen_sim_us": chosen["simulated_us"],
             "best": best["label"], "best_us": best["measured_us"],
             "chosen_over_best": chosen["measured_us"] / best["measured_us"],
@@ -181,15 +187,16 @@ def main() -> int:
     print(f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} cores, torch {torch.__version__}, profile "
           f"{json.dumps(prof.get('calibration', {}))}")
-    print("| model | batch | candidates | ran | search (planned) | chosen | chosen meas. | "
+    print("| model | batch | candidates | ran | search (planned) | cores | chosen | chosen meas. | "
           "best measured | chosen/best | Spearman | MAE |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for name in args.models.split(","):
         r = bench_model(name, args.devices, args.runs)
         results.append(r)
         print(f"| {name} | {r['batch']} | {r['candidates']} | {r['ran']} | "
-              f"{r['search_s'] * 1e3:.0f} ms ({r['search_planned']}) | {r['chosen']} | "
+              f"{r['search_s'] * 1e3:.0f} ms ({r['search_planned']}) | {r['host_cores']:.2f} | "
+              f"{r['chosen']} | "
               f"{r['chosen_us']:.0f} us | {r['best']}: {r['best_us']:.0f} us | "
               f"{r['chosen_over_best']:.3f} | {r['spearman']:.3f} | {r['mae'] * 100:.0f} % |",
               flush=True)

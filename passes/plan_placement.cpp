@@ -50,6 +50,9 @@ DeviceModel firstDevices(const DeviceModel& m, int n) {
     }
   }
   out.setStepOverheadUs(m.stepOverheadUs());
+  out.setHostCores(m.hostCores());
+  out.setSendOverheadUs(m.sendOverheadUs());
+  out.setWorkerOverheadUs(m.workerOverheadUs());
   return out;
 }
 
@@ -180,6 +183,9 @@ DeviceModel planMachine(const PlacementOptions& o) {
       m.setDevice(d, s);
     }
     m.setStepOverheadUs(o.machine->stepOverheadUs());
+    m.setHostCores(o.machine->hostCores());
+    m.setSendOverheadUs(o.machine->sendOverheadUs());
+    m.setWorkerOverheadUs(o.machine->workerOverheadUs());
   }
   const auto& mem = o.memory_bytes;
   MP_CHECK(mem.size() <= 1 || mem.size() == static_cast<size_t>(n), ConfigError,

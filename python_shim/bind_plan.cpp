@@ -473,6 +473,14 @@ void bindPipeline(py::module_& m) {
           })
       .def_property_readonly("num_transfers",
                              [](const passes::PipelinePlan& p) { return p.simulation.num_transfers; })
+      .def_property_readonly(
+          "compute_busy_us",
+          [](const passes::PipelinePlan& p) {
+            std::vector<double> v;
+            for (const auto& d : p.simulation.devices) v.push_back(d.compute_busy_us);
+            return v;
+          },
+          "Simulated compute busy time per device.")
       .def_property_readonly("machine_json",
                              [](const passes::PipelinePlan& p) { return p.machine.toJson(2); },
                              "The machine planned for, as a profile (JSON text).")

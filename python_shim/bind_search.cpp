@@ -84,8 +84,10 @@ void bindSearch(py::module_& m) {
          const std::string& batch_norm, bool portals, std::vector<std::string> placers,
          std::vector<std::string> schedules, std::vector<std::string> partitions,
          std::vector<std::string> checkpoints, std::vector<int> microbatches, bool one_device,
-         bool placements, bool pipelines, bool prune, double lp_time_limit_s) {
+         bool placements, bool pipelines, bool prune, double lp_time_limit_s,
+         std::vector<std::pair<int, double>> microbatch_launch_overhead_us) {
         passes::StrategySearchOptions o;
+        o.microbatch_launch_overhead_us = std::move(microbatch_launch_overhead_us);
         o.devices = devices;
         o.batch_size = batch_size;
         o.memory_bytes = std::move(memory);
@@ -112,7 +114,8 @@ void bindSearch(py::module_& m) {
       py::arg("batch_norm"), py::arg("portals"), py::arg("placers"), py::arg("schedules"),
       py::arg("partitions"), py::arg("checkpoints"), py::arg("microbatches"),
       py::arg("one_device"), py::arg("placements"), py::arg("pipelines"), py::arg("prune"),
-      py::arg("lp_time_limit_s"), "passes::searchStrategy; see modelpar.search_strategy.");
+      py::arg("lp_time_limit_s"), py::arg("microbatch_launch_overhead_us"),
+      "passes::searchStrategy; see modelpar.search_strategy.");
 }
 
 }  // namespace modelpar

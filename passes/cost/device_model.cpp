@@ -165,6 +165,27 @@ void DeviceModel::setStepOverheadUs(double us) {
   step_overhead_us_ = us;
 }
 
+void DeviceModel::setHostCores(double cores) {
+  MP_CHECK(cores == 0 || (std::isfinite(cores) && cores >= 1), ConfigError,
+           "modelpar device-model: host_cores={} is not valid; it takes 0 (every device has a "
+           "core of its own) or a finite number of cores >= 1", cores);
+  host_cores_ = cores;
+}
+
+void DeviceModel::setSendOverheadUs(double us) {
+  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
+           "modelpar device-model: send_overhead_us={} is not valid; it takes a finite number of "
+           "microseconds >= 0", us);
+  send_overhead_us_ = us;
+}
+
+void DeviceModel::setWorkerOverheadUs(double us) {
+  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
+           "modelpar device-model: worker_overhead_us={} is not valid; it takes a finite number "
+           "of microseconds >= 0", us);
+  worker_overhead_us_ = us;
+}
+
 std::string DeviceModel::toJson(int indent) const {
   Json devs = Json::array();
   for (const DeviceSpec& d : devices_) {
@@ -189,6 +210,9 @@ std::string DeviceModel::toJson(int indent) const {
          {"default_link", linkJson(default_link_)},
          {"links", std::move(links)}};
   if (step_overhead_us_ != 0) j["step_overhead_us"] = step_overhead_us_;  // optional member
+  if (host_cores_ != 0) j["host_cores"] = host_cores_;                    // optional member
+  if (send_overhead_us_ != 0) j["send_overhead_us"] = send_overhead_us_;  // optional member
+  if (worker_overhead_us_ != 0) j["worker_overhead_us"] = worker_overhead_us_;  // optional
   return j.dump(indent);
 }
 
@@ -232,6 +256,13 @@ DeviceModel DeviceModel::fromJson(std::string_view text) {
     }
   }
   if (j.contains("step_overhead_us")) m.setStepOverheadUs(number(j, "step_overhead_us", "the profile"));
+  if (j.contains("host_cores")) m.setHostCores(number(j, "host_cores", "the profile"));
+  if (j.contains("send_overhead_us")) {
+    m.setSendOverheadUs(number(j, "send_overhead_us", "the profile"));
+  }
+  if (j.contains("worker_overhead_us")) {
+    m.setWorkerOverheadUs(number(j, "worker_overhead_us", "the profile"));
+  }
   return m;
 }
 

@@ -68,6 +68,28 @@ class DeviceModel {
   double stepOverheadUs() const { return step_overhead_us_; }
   /// Throws ConfigError unless 0 <= us < infinity.
   void setStepOverheadUs(double us);
+  /// The cores the devices' compute shares (Note [Shared host cores] in
+  /// passes/lower/simulate.cpp): CPU worker devices are threads of one
+  /// process, and when other work holds some of the machine's cores, n
+  /// workers get fewer than n. 0 (the default): every device computes on
+  /// a core of its own.
+  double hostCores() const { return host_cores_; }
+  /// Throws ConfigError unless cores is 0 or a finite number >= 1.
+  void setHostCores(double cores);
+  /// What issuing a send costs the sending device's compute stream (CPU
+  /// workers: handing the value to the copy thread and waking the receiver,
+  /// about 10 us; modelpar/cpu_profile.py measures it). simulate() adds it
+  /// to the run before each send. 0 by default.
+  double sendOverheadUs() const { return send_overhead_us_; }
+  /// Throws ConfigError unless 0 <= us < infinity.
+  void setSendOverheadUs(double us);
+  /// What each device of a program beyond the first adds to the step's
+  /// fixed cost (CPU workers: waking one more worker and waiting for it;
+  /// modelpar/cpu_profile.py measures it). simulate() adds it (devices - 1)
+  /// times. 0 by default.
+  double workerOverheadUs() const { return worker_overhead_us_; }
+  /// Throws ConfigError unless 0 <= us < infinity.
+  void setWorkerOverheadUs(double us);
   /// The link src -> dst (src != dst).
   const LinkSpec& link(int src, int dst) const;
   /// Sets the link src -> dst, and dst -> src when `symmetric`.
@@ -99,6 +121,9 @@ class DeviceModel {
   std::vector<DeviceSpec> devices_;
   LinkSpec default_link_;
   double step_overhead_us_ = 0.0;
+  double host_cores_ = 0.0;
+  double send_overhead_us_ = 0.0;
+  double worker_overhead_us_ = 0.0;
   std::vector<LinkSpec> links_;      // N*N, row = source
   std::vector<uint8_t> explicit_;    // N*N: 1 where setLink set the link
 };

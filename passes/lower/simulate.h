@@ -14,7 +14,8 @@
 //     channel serves transfers first come, first served; it lasts
 //     link(src, dst).timeUs(dense bytes of the value);
 //   * compute overlaps transfers; transfers at one device are serialised per
-//     direction; `free` takes no time.
+//     direction; `free` takes no time; issuing a send costs the sender's
+//     compute the machine's send overhead, charged to the run before it.
 // Memory follows Note [Memory model] (task_graph.h) in program order
 // (liveness.h): persistent bytes and inputs from the start, outputs and
 // received copies from their instruction to their release, temporaries

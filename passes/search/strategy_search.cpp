@@ -176,6 +176,8 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   estimateCosts(costed, machine, base.cost_options);
   double t1 = 0, launch = std::numeric_limits<double>::infinity();
   for (const DeviceSpec& d : machine.devices()) launch = std::min(launch, d.launch_overhead_us);
+  // A smaller overhead gives a smaller bound (m >= 1), so the least holds for every m.
+  for (const auto& [m, us] : o.microbatch_launch_overhead_us) launch = std::min(launch, us);
   // L counts the nodes each micro-batch repeats: those that read or write a
   // value of the batch's size (a weight's transpose runs once).
   auto batched = [&](ir::ValueId v) {
@@ -197,9 +199,12 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   result.t1_us = t1;
   for (StrategyCandidate& c : result.candidates) {
     if (c.status == CandidateStatus::Failed) continue;
-    int n = c.kind == "one-device" ? 1 : o.devices;
+    int devices = c.kind == "one-device" ? 1 : o.devices;
+    double n = devices;
+    if (machine.hostCores() > 0) n = std::min(n, machine.hostCores());  // Note [Shared host cores]
     int m = c.kind == "pipeline" ? c.microbatches : 1;
-    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs();
+    c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs() +
+                       (devices - 1) * machine.workerOverheadUs();
   }
 
   // 3. Plan and simulate in order of bound; stop when the bound cannot win.
@@ -232,6 +237,16 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
         po.checkpoint = c.checkpoint;
         po.portals = o.portals;
         po.machine = o.machine;
+        for (const auto& [m, us] : o.microbatch_launch_overhead_us) {
+          if (m != c.microbatches) continue;
+          DeviceModel mm = machine;
+          for (int d = 0; d < mm.numDevices(); ++d) {
+            DeviceSpec s = mm.device(d);
+            s.launch_overhead_us = us;
+            mm.setDevice(d, s);
+          }
+          po.machine = mm;
+        }
         po.memory_bytes = o.memory_bytes;
         po.dump_dir = "";
         po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;

@@ -26,8 +26,10 @@
 // profiled time is split the same way (MicrobatchOptions::
 // launch_overhead_us), so m micro-batches cost at least (T1 - L) + m·L
 // together, and N devices run them in no less than
-// LB = ((T1 - L) + m·L) / N + the machine's step overhead (placements:
-// m = 1; one device: N = 1). The search plans candidates in order of LB and
+// LB = ((T1 - L) + m·L) / N + the machine's step overhead (and worker
+// overhead N - 1 times: a placement's or pipeline's program has N devices) (placements:
+// m = 1; one device: N = 1; N is at most the machine's host cores where it
+// sets them, Note [Shared host cores] in passes/lower/simulate.cpp). The search plans candidates in order of LB and
 // stops once LB > the best step found: none of the rest can beat it
 // (counted as `pruned`). A step without a symbolic batch gets one
 // "pipelines" row saying why there are none.
@@ -50,6 +52,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "ir/graph.h"
@@ -80,6 +83,14 @@ struct StrategySearchOptions {
   std::vector<std::string> placers, schedules, partitions, checkpoints;
   /// Micro-batch counts; empty: N, 2N, 4N, ... up to B.
   std::vector<int> microbatches;
+  /// Per micro-batch count m: the per-op overhead that pipelines of m
+  /// micro-batches are planned with (every device's launch_overhead_us, which
+  /// MicrobatchOptions::launch_overhead_us charges each micro-batch's copy of
+  /// a profiled node whole). The cost of an op does not fall linearly with its
+  /// share of the batch, so one overhead fitted at B and B/2 does not hold at
+  /// B/m (Note [The searched step] in modelpar/step_search.py measures the
+  /// step at each B/m). A count not listed keeps the machine's.
+  std::vector<std::pair<int, double>> microbatch_launch_overhead_us;
   bool one_device = true;   ///< the one-device candidate
   bool placements = true;   ///< the placer candidates
   bool pipelines = true;    ///< the pipeline candidates (N >= 2)

@@ -16,13 +16,21 @@ micro-benchmark (about a second) at the workers' intra-op thread count:
   fitted intercept, which eager Python calls inflate;
 * transfers: ``clone`` of 4 KiB..16 MiB (bandwidth) plus the executor's
   measured hand-off between two workers (a send of 4 bytes from one to the
-  other, minus the same chain on one worker) as the link latency;
+  other, minus the same chain on one worker); of the hand-off, what the
+  send instruction itself costs the sending worker (its traced span in a
+  chain that alternates between two workers: handing the value to the copy
+  thread, waking the receiver) is the send overhead, which the simulator
+  charges the sender's compute, and the rest the link latency;
 * the fixed cost of a step (a one-op step minus its op: waking the worker,
-  collecting the outputs), which the simulator adds to every step.
+  collecting the outputs), which the simulator adds to every step, and
+  what each worker beyond the first adds to it (the same step on two
+  workers, the second idle, minus on one).
 
 A progress bar on stderr shows the calibration. The profile is JSON
 (passes/cost/README.md) at ``<cache>/cpu-<cpu model>-t<threads>.json``,
-``<cache>`` being ``$XDG_CACHE_HOME/modelpar`` or ``~/.cache/modelpar``.
+``<cache>`` being ``$XDG_CACHE_HOME/modelpar`` or ``~/.cache/modelpar``
+(``-v2`` in the name: the profile's version, so that a profile without a
+term the simulator now uses is calibrated again).
 ``MODELPAR_CPU_PROFILE`` overrides: ``off`` plans with passes' default
 device (the test suite sets it, so plans do not depend on the CPU that runs
 the tests); a path uses that profile file.
@@ -54,6 +62,7 @@ __all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "
            "measures_nodes"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
+_VERSION = 2  # 2: send_overhead_us, worker_overhead_us
 
 
 def cpu_model_name() -> str:
@@ -75,7 +84,7 @@ def cache_dir() -> Path:
 
 def _cache_file(threads: int) -> Path:
     slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu_model_name()).strip("-").lower() or "cpu"
-    return cache_dir() / f"cpu-{slug}-t{threads}.json"
+    return cache_dir() / f"cpu-{slug}-t{threads}-v{_VERSION}.json"
 
 
 def cpu_profile_path(threads: int = 1, *, progress: bool = True) -> str | None:
@@ -160,7 +169,53 @@ def _executor_us(text: str, devices: int, pinned: dict[str, int] | None, threads
     x = torch.randn(1)
     for _ in range(5):
         ex.run([x])
-    return _median_us(lambda: ex.run([x]), reps)
+    # The fastest run: the executor's costs are differences of these, and
+    # other load on the machine only ever adds to a run (a median taken
+    # while other processes ran put the worker overhead at 27 us, the
+    # fastest at 6 us, as the measured steps of plans that differ by one
+    # idle worker show).
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        ex.run([x])
+        times.append(time.perf_counter_ns() - t0)
+    return min(times) / 1e3
+
+
+def _send_us(threads: int, k: int = 32, reps: int = 30) -> float:
+    """The median traced span of a send instruction in a chain of ``k``
+    one-element ops alternating between two workers."""
+    from .executor import Executor
+    from .ir import parse_graph
+    from .planning import plan_graph
+    names = [f"l{i}" for i in range(k)]
+    plan = plan_graph(parse_graph(_chain(names)), devices=2, dump_dir="", coarsen=False,
+                      pinned_layers={n: i % 2 for i, n in enumerate(names)})
+    sends: list[list[int]] = [[], []]  # per device, the indices of its sends
+    device, index = -1, 0
+    for line in str(plan.program).splitlines():
+        m = re.match(r"\s*device (\d+)", line)
+        if m:
+            device, index = int(m.group(1)), 0
+        elif device >= 0 and line.strip() and line.strip() != "}":
+            if line.strip().startswith("send "):
+                sends[device].append(index)
+            index += 1
+    ex = Executor(plan.program, device_map="cpu-workers", threads_per_device=threads,
+                  record_trace=True)
+    x = torch.randn(1)
+    for _ in range(5):
+        ex.run([x])
+    spans = []
+    for _ in range(reps):
+        ex.run([x])
+        host = ex.last_trace()["host"]
+        for d, idx in enumerate(sends):
+            for i in idx:
+                s = host[d][i]
+                if s is not None:
+                    spans.append((s[1] - s[0]) / 1e3)
+    return statistics.median(spans) if spans else 0.0
 
 
 def calibrate_cpu(threads: int = 1, *, progress: bool = True,
@@ -210,17 +265,23 @@ def calibrate_cpu(threads: int = 1, *, progress: bool = True,
     two = _chain(["a", "b"])
     handoff_us = max(_executor_us(two, 2, {"a": 0, "b": 1}, threads, 60)
                      - _executor_us(two, 1, None, threads, 60), 0.0)
+    send_us = min(_send_us(threads), handoff_us)
     bar.step("hand-off")
-    text = _C.calibrated_machine(kernels, transfers, int(memory_bytes), "cpu", handoff_us)
+    text = _C.calibrated_machine(kernels, transfers, int(memory_bytes), "cpu",
+                                 handoff_us - send_us)
     profile = json.loads(text)
     profile["devices"][0]["launch_overhead_us"] = per_op_us
+    profile["send_overhead_us"] = send_us
     # What a one-op step costs beyond its op: waking the worker, collecting
     # the outputs (DeviceModel::stepOverheadUs; simulate adds it per step).
     step_us = max(short_us - per_op_us, 0.0)
     profile["step_overhead_us"] = step_us
+    worker_us = max(_executor_us(_chain(["a"]), 2, {"a": 0}, threads, 60) - short_us, 0.0)
+    profile["worker_overhead_us"] = worker_us
     profile["calibration"] = {"cpu": cpu_model_name(), "threads": threads,
                               "torch": torch.__version__, "per_op_us": per_op_us,
-                              "handoff_us": handoff_us, "step_overhead_us": step_us,
+                              "handoff_us": handoff_us, "send_overhead_us": send_us,
+                              "step_overhead_us": step_us, "worker_overhead_us": worker_us,
                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return json.dumps(profile, indent=2)
 

@@ -101,6 +101,9 @@ class Plan:
     #: With ``strategy="auto"``: the machine profile (JSON text) the last
     #: search planned on (None: passes' default device).
     search_machine: str | None = None
+    #: With ``strategy="auto"``: {micro-batches: per-op overhead (us)} the
+    #: last search planned pipelines with (Note [The searched step]).
+    search_microbatch_launch_us: dict[int, float] = field(default_factory=dict)
     pipeline_seconds: float = 0.0
     #: Measured wall time of each completed step (forward + backward
     #: executors, or the inference executor), microseconds, oldest first.

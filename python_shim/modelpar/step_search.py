@@ -13,8 +13,19 @@ random of their types), and the per-op cost that does not shrink with the
 batch, measured on the step at B and B/2, becomes the machine's per-op
 overhead: the search ranks the candidates on measured costs, the
 micro-batch copies of a node getting the per-op overhead plus their share
-of the rest (MicrobatchOptions::launch_overhead_us). A placement of the
-whole step runs as one Program, like a step-mode pipeline; in split mode
+of the rest (MicrobatchOptions::launch_overhead_us). An op's cost is not
+linear in its share of the batch (measured: cnn's pipelines of 16
+micro-batches of one sample simulated 2x slower than they ran, those of 4
+micro-batches 1.2x faster, on the one overhead fitted at B and B/2), so the
+step also runs at each micro-batch size B/m, and pipelines of m
+micro-batches are planned with the overhead that makes m steps at B/m cost
+what they measured (StrategySearchOptions::microbatch_launch_overhead_us).
+The CPU workers are threads of this process: the cores they get are
+measured too (the step run on every worker at once against one alone) and
+become the machine's ``host_cores`` (Note [Shared host cores] in
+passes/lower/simulate.cpp), so that plans which overlap the workers are not
+simulated on cores that other work holds. A placement of the whole step
+runs as one Program, like a step-mode pipeline; in split mode
 (the loss outside the compiled function) only GPipe pipelines can be split
 at the backward (split_phases needs a pipeline's stages), so only they are
 searched.
@@ -24,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import statistics
 import tempfile
 import time
 from collections.abc import Mapping
@@ -53,9 +65,14 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
     from .strategy import search_strategy
     with contextlib.ExitStack() as stack:
         if values is not None and measures_nodes(opts.executor_device_map):
-            graph, fixed_us = _profiled(graph, batch, values)
-            if machine is not None and fixed_us > 0:
-                machine = _with_op_overhead(machine, fixed_us, stack)
+            counts = _microbatch_counts(opts.devices, batch)
+            step_us = json.loads(Path(machine).read_text()).get("step_overhead_us", 0.0) \
+                if machine is not None else 0.0
+            graph, fixed_us, launch, cores = _profiled(graph, batch, values, opts.devices,
+                                                       counts, step_us)
+            if machine is not None:
+                machine = _with_measured(machine, fixed_us, cores, stack)
+                record.search_microbatch_launch_us = launch
         record.step_graph = graph
         record.search_machine = Path(machine).read_text() if machine else None
         return search_strategy(graph, opts.devices, batch, machine=machine,
@@ -64,19 +81,26 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
                                batch_norm=options["batch_norm"], portals=options["portals"],
                                schedules=("gpipe",) if split else (), one_device=not split,
                                placements=not split,
-                               microbatches=_microbatch_counts(opts.devices, batch))
+                               microbatches=_microbatch_counts(opts.devices, batch),
+                               microbatch_launch_us=record.search_microbatch_launch_us)
 
 
-def _profiled(graph: Any, batch: int, values: Mapping[str, Any]) -> tuple[Any, float]:
+def _profiled(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
+              counts: list[int], step_us: float
+              ) -> tuple[Any, float, dict[int, float], float]:
     """``graph`` with every node's time measured on a CPU worker, run on
     copies of ``values`` (the step may write to its inputs: batch norm's
-    running statistics), random inputs of their types for the rest; and the
-    per-op cost that does not shrink with the batch.
+    running statistics), random inputs of their types for the rest; the
+    per-op cost that does not shrink with the batch, at B/2 and per
+    micro-batch count of ``counts``; and the cores ``devices`` workers get
+    (_host_cores; 0 when not measured).
 
-    That cost is measured on the step itself: it runs at batch B and B/2
-    (W(B), W(B/2): the fastest of 7 one-worker runs) and every one of its N nodes
-    is taken to cost c + b * s_n, so c = (2 W(B/2) - W(B)) / N; at least the
-    executor's time between ops (profile_graph_gaps)."""
+    That cost is measured on the step itself: it runs at batch B and B/m
+    (W(B), W(B/m): the fastest of 7 one-worker runs, each with the fixed
+    step cost F, ``step_us``) and every one of its N nodes is taken to cost
+    c + b * s_n, so m (W(B/m) - F) - (W(B) - F) = (m - 1) N c; at least the
+    executor's time between ops (profile_graph_gaps). c at m = 2 becomes the
+    machine's per-op overhead."""
     from .planning import example_inputs, profile_graph_gaps
     specs = _C.graph_input_specs(graph)
     symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]
@@ -90,12 +114,16 @@ def _profiled(graph: Any, batch: int, values: Mapping[str, Any]) -> tuple[Any, f
         if name in values:
             v = values[name]
             inputs[i] = v.detach().clone() if isinstance(v, torch.Tensor) else v
-    half = list(inputs)
-    for i, s in enumerate(specs):
-        if s["kind"] == "tensor" and s["shape"][:1] and s["shape"][0] in symbols:
-            half[i] = inputs[i][: batch // 2].clone()
-        elif s["name"] in size_inputs:
-            half[i] = batch // 2
+
+    def sized(b: int) -> list[Any]:
+        out = list(inputs)
+        for i, s in enumerate(specs):
+            if s["kind"] == "tensor" and s["shape"][:1] and s["shape"][0] in symbols:
+                out[i] = inputs[i][:b].clone()
+            elif s["name"] in size_inputs:
+                out[i] = b
+        return out
+
     # AOTAutograd's first call runs under a Python dispatch mode
     # (_AnalyzeCustomOpInputOutputMode), and the executor's workers inherit
     # the caller's dispatch state: timed under it, every op would pay a trip
@@ -103,40 +131,99 @@ def _profiled(graph: Any, batch: int, values: Mapping[str, Any]) -> tuple[Any, f
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes():
         profiled, gap_us = profile_graph_gaps(graph, inputs, runs=5)
+        cores = _host_cores(graph, inputs, devices) if devices > 1 else 0.0
         if batch < 4:
-            return profiled, gap_us
-        full_us = _one_worker_us(graph, inputs)
-        try:
-            half_us = _one_worker_us(graph, half)
-        except ExecutionError:  # a step that cannot run at B/2 (batch norm of one sample)
-            return profiled, gap_us
-    return profiled, max(gap_us, (2 * half_us - full_us) / max(1, graph.num_nodes))
+            return profiled, gap_us, {}, cores
+        full_us = _one_worker_us(graph, inputs) - step_us
+        launch: dict[int, float] = {}
+        for m in sorted({2, *counts}):
+            if m < 2 or batch // m < 1:
+                continue
+            try:
+                part_us = _one_worker_us(graph, sized(batch // m)) - step_us
+            except ExecutionError:  # a step that cannot run at B/m (batch norm of one sample)
+                continue
+            launch[m] = max(gap_us, (m * part_us - full_us) / ((m - 1) * max(1, graph.num_nodes)))
+    return profiled, launch.get(2, gap_us), launch, cores
 
 
 def _one_worker_us(graph: Any, inputs: list[Any], runs: int = 7) -> float:
-    """The fastest run of ``graph`` on one CPU worker (after one warm-up):
-    the difference of two of these is taken, and other load only ever adds
-    to a run, so the minimum is the steadier estimate."""
+    """The fastest run of ``graph`` on one CPU worker (after one warm-up),
+    of ``runs`` runs or as many as fill about 20 ms (at most 50): the
+    difference of two of these is taken, m times the one at B/m, and other
+    load only ever adds to a run, so the minimum of many is the steadier
+    estimate."""
     from .executor import Executor
     from .planning import plan_graph
     program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
     ex = Executor(program, device_map="cpu-workers", threads_per_device=1)
+    t0 = time.perf_counter_ns()
     ex.run(list(inputs))
+    first_us = (time.perf_counter_ns() - t0) / 1e3
     times = []
-    for _ in range(runs):
+    for _ in range(max(runs, min(50, int(20_000 / max(first_us, 1.0))))):
         t0 = time.perf_counter_ns()
         ex.run(list(inputs))
         times.append((time.perf_counter_ns() - t0) / 1e3)
     return min(times)
 
 
-def _with_op_overhead(machine: str, fixed_us: float, stack: contextlib.ExitStack) -> str:
+def _host_cores(graph: Any, inputs: list[Any], devices: int, trials: int = 5) -> float:
+    """The cores ``devices`` CPU workers get now: the step runs on one
+    worker alone (T1 a step) and on ``devices`` workers at once, each its
+    own copy, from as many threads (Tn a step of each); cores =
+    devices * T1 / Tn, within [1, devices]. Each timing runs about 20 ms,
+    alone and together in turn; the mean of ``trials`` (other load comes
+    and goes: the mean is the share it leaves on average). Other load on
+    the machine (or fewer cores than workers) shows as fewer cores."""
+    import threading
+    from .executor import Executor
+    from .planning import plan_graph
+    program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
+    exs = [Executor(program, device_map="cpu-workers", threads_per_device=1)
+           for _ in range(devices)]
+    args = [[v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
+            for _ in range(devices)]
+    for ex, a in zip(exs, args):
+        ex.run(list(a))
+    alone = _one_worker_us(graph, inputs, runs=5)
+    reps = max(3, min(200, int(20_000 / max(alone, 1.0))))
+
+    def loop(k: int, start: threading.Barrier) -> None:
+        start.wait()
+        for _ in range(reps):
+            exs[k].run(list(args[k]))
+
+    estimates = []
+    for _ in range(trials):
+        t0 = time.perf_counter_ns()
+        for _ in range(reps):
+            exs[0].run(list(args[0]))
+        t1 = (time.perf_counter_ns() - t0) / 1e3 / reps
+        start = threading.Barrier(devices + 1)
+        threads = [threading.Thread(target=loop, args=(k, start)) for k in range(devices)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter_ns()
+        for t in threads:
+            t.join()
+        tn = (time.perf_counter_ns() - t0) / 1e3 / reps
+        estimates.append(devices * t1 / tn)
+    return min(float(devices), max(1.0, statistics.fmean(estimates)))
+
+
+def _with_measured(machine: str, fixed_us: float, cores: float,
+                   stack: contextlib.ExitStack) -> str:
     """A copy of the machine profile whose per-op overhead is the step's
-    measured one, if larger (a temporary file, removed when ``stack``
-    closes): every micro-batch's copy of an op pays it whole."""
+    measured one, if larger (every micro-batch's copy of an op pays it
+    whole), and whose host cores are the measured ones (0: not measured); a
+    temporary file, removed when ``stack`` closes."""
     prof = json.loads(Path(machine).read_text())
     for dev in prof["devices"]:
         dev["launch_overhead_us"] = max(float(dev["launch_overhead_us"]), fixed_us)
+    if cores > 0:
+        prof["host_cores"] = cores
     f = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".json"))
     f.write(json.dumps(prof))
     f.flush()

@@ -14,7 +14,7 @@ Example::
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from . import _C
@@ -43,13 +43,16 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
                     partitions: Sequence[str] = (), checkpoints: Sequence[str] = (),
                     microbatches: Sequence[int] = (), one_device: bool = True,
                     placements: bool = True, pipelines: bool = True, prune: bool = True,
-                    lp_time_limit_s: float = 5.0) -> Any:
+                    lp_time_limit_s: float = 5.0,
+                    microbatch_launch_us: Mapping[int, float] | None = None) -> Any:
     """Searches the strategies for ``graph`` on ``devices`` devices at batch
     size ``batch_size``: the one-device plan, each placer, and pipelines over
     schedules x micro-batches {N, 2N, 4N, ...} x partition methods x
     checkpoint modes (empty lists: every valid value). Candidates are planned
     in order of a lower bound and those that cannot beat the best found are
-    skipped (``prune``).
+    skipped (``prune``). ``microbatch_launch_us``: {m: per-op overhead} that
+    pipelines of m micro-batches are planned with instead of the machine's
+    (strategy="auto" measures it: Note [The searched step]).
 
     Returns:
         A ``StrategySearch``: ``candidates`` (dicts with label, status,
@@ -70,9 +73,16 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
         raise ConfigError(f"modelpar strategy-search: batch_size={batch_size!r} is not valid; "
                           "batch_size takes an int >= 1 (the step is costed at it)")
     ms = [int(m) for m in microbatches]
+    launch = sorted((int(m), float(us)) for m, us in (microbatch_launch_us or {}).items())
+    for m, us in launch:
+        if m < 1 or not us >= 0 or us == float("inf"):
+            raise ConfigError(f"modelpar strategy-search: microbatch_launch_us={{{m}: {us}}} is "
+                              "not valid; it maps micro-batch counts >= 1 to finite "
+                              "microseconds >= 0")
     return _C.search_strategy(
         graph, devices, batch_size, None if machine is None else os.fspath(machine),
         _memory_list(memory), loss_reduction, bool(allow_random), batch_norm, bool(portals),
         _names("placer", placers), _names("schedule", schedules),
         _names("partition", partitions), _names("checkpoint", checkpoints), ms,
-        bool(one_device), bool(placements), bool(pipelines), bool(prune), float(lp_time_limit_s))
+        bool(one_device), bool(placements), bool(pipelines), bool(prune), float(lp_time_limit_s),
+        launch)

@@ -29,14 +29,19 @@ def test_calibrates_once_with_a_progress_bar_then_reads_the_cache(cache, capsys)
     err = capsys.readouterr().err
     assert "calibrating this CPU (1 thread)" in err and "17/17" in err
     assert os.path.dirname(path) == str(cache)
-    assert os.path.basename(path).endswith("-t1.json")
+    assert os.path.basename(path).endswith("-t1-v2.json")
     prof = json.loads(open(path).read())
     dev, link = prof["devices"][0], prof["default_link"]
     # A CPU core: far from the default device's 14 TFLOP/s, but not nothing.
     assert 1e8 < dev["peak_flops"] < 1.4e13
     assert dev["memory_bandwidth_bytes_per_s"] > 0
     assert dev["launch_overhead_us"] == prof["calibration"]["per_op_us"] > 0
-    assert link["latency_us"] >= prof["calibration"]["handoff_us"] >= 0
+    # The hand-off splits into the sender's send overhead and the link latency.
+    cal = prof["calibration"]
+    assert 0 <= prof["send_overhead_us"] == cal["send_overhead_us"] <= cal["handoff_us"]
+    assert link["latency_us"] + prof["send_overhead_us"] >= cal["handoff_us"] - 1e-9
+    assert cal["handoff_us"] >= 0
+    assert prof["worker_overhead_us"] == cal["worker_overhead_us"] >= 0
     assert prof["calibration"]["threads"] == 1
     assert prof["step_overhead_us"] == prof["calibration"]["step_overhead_us"] >= 0
     mtime = os.path.getmtime(path)
@@ -122,3 +127,8 @@ def test_auto_times_the_step_on_copies_of_the_inputs(cache):
     rec = modelpar.plans()[-1]
     text = str(rec.step_graph)
     assert text.count("cost={time_us=") == rec.step_graph.num_nodes
+    # The search's machine carries the cores the two workers got (1..2), and
+    # pipelines of m micro-batches their per-op overhead at B/m (m = 2, 4, 8).
+    assert 1.0 <= json.loads(rec.search_machine)["host_cores"] <= 2.0
+    launch = rec.search_microbatch_launch_us
+    assert set(launch) <= {2, 4, 8} and 2 in launch and all(v >= 0 for v in launch.values())

@@ -84,6 +84,49 @@ def test_search_chooses_the_simulators_minimum_and_its_plan_runs(tmp_path, machi
                if c["status"] == "pruned")
 
 
+def test_one_shared_host_core_leaves_no_plan_faster_than_one_device(tmp_path):
+    # Note [Shared host cores]: on the compute-bound machine pipelines win
+    # (above); with host_cores=1 every plan's step is at least the compute of
+    # all its devices on one core, which is no less than the one-device step
+    # (micro-batching adds no compute there: no per-op overhead).
+    prof = json.loads(Path(_compute_bound_machine(tmp_path)).read_text())
+    prof["host_cores"] = 1
+    path = tmp_path / "one_core.json"
+    path.write_text(json.dumps(prof))
+    s = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=str(path), prune=False)
+    ok = _ok(s.candidates)
+    one = next(c for c in ok if c["kind"] == "one-device")
+    for c in ok:
+        assert c["step_us"] >= one["step_us"] * (1 - 1e-9), c
+        assert c["step_us"] >= c["lower_bound_us"] * (1 - 1e-9), c
+    assert s.candidates[s.chosen]["step_us"] == pytest.approx(one["step_us"])
+    free = modelpar.search_strategy(STEP, devices=2, batch_size=16,
+                                    machine=_compute_bound_machine(tmp_path), prune=False)
+    assert free.candidates[free.chosen]["step_us"] < 0.9 * one["step_us"], free.table()
+    pruned = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=str(path))
+    assert pruned.candidates[pruned.chosen]["step_us"] == pytest.approx(one["step_us"])
+
+
+def test_microbatch_launch_overhead_applies_to_its_count_only(tmp_path):
+    # StrategySearchOptions::microbatch_launch_overhead_us: pipelines of 2
+    # micro-batches planned with a 5 us per-op overhead (each micro-batch's
+    # copy of a node pays it whole) get slower; those of 4 and the placements
+    # keep the machine's (0 us) and their times; the bound stays a bound.
+    machine = _compute_bound_machine(tmp_path)
+    base = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=machine, prune=False)
+    more = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=machine, prune=False,
+                                    microbatch_launch_us={2: 5.0})
+    for a, b in zip(_ok(base.candidates), _ok(more.candidates)):
+        assert a["label"] == b["label"]
+        assert b["step_us"] >= b["lower_bound_us"] * (1 - 1e-9), b
+        if a["kind"] == "pipeline" and a["microbatches"] == 2:
+            assert b["step_us"] > a["step_us"] + 5.0, (a, b)
+        else:
+            assert b["step_us"] == pytest.approx(a["step_us"]), (a, b)
+    with pytest.raises(modelpar.ConfigError, match="microbatch_launch_us=.* is not valid"):
+        modelpar.search_strategy(STEP, devices=2, batch_size=16, microbatch_launch_us={2: -1.0})
+
+
 def test_search_errors_name_the_problem():
     with pytest.raises(modelpar.ConfigError, match="batch_size=0 is not valid"):
         modelpar.search_strategy(STEP, devices=2, batch_size=0)

@@ -68,6 +68,31 @@ TEST(DeviceModel, StepOverheadRoundTripsAndIsOptionalInTheProfile) {
   EXPECT_DOUBLE_EQ(m.stepOverheadUs(), 85.5);  // unchanged by the refused value
 }
 
+TEST(DeviceModel, HostCoresRoundTripAndAreOptionalInTheProfile) {
+  DeviceModel m = DeviceModel::uniform(2);
+  EXPECT_EQ(m.toJson().find("host_cores"), std::string::npos);  // 0: not written
+  EXPECT_DOUBLE_EQ(m.hostCores(), 0.0);
+  m.setHostCores(1.5);
+  DeviceModel back = DeviceModel::fromJson(m.toJson());
+  EXPECT_EQ(back, m);
+  EXPECT_DOUBLE_EQ(back.hostCores(), 1.5);
+  for (double bad : {0.5, -1.0}) {
+    try {
+      m.setHostCores(bad);
+      FAIL() << bad;
+    } catch (const ConfigError& e) {
+      EXPECT_NE(std::string(e.what()).find("host_cores="), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_DOUBLE_EQ(m.hostCores(), 1.5);  // unchanged by the refused values
+  m.setSendOverheadUs(9.5);
+  EXPECT_DOUBLE_EQ(DeviceModel::fromJson(m.toJson()).sendOverheadUs(), 9.5);
+  EXPECT_THROW(m.setSendOverheadUs(-1), ConfigError);
+  m.setWorkerOverheadUs(4.5);
+  EXPECT_DOUBLE_EQ(DeviceModel::fromJson(m.toJson()).workerOverheadUs(), 4.5);
+  EXPECT_THROW(m.setWorkerOverheadUs(std::nan("")), ConfigError);
+}
+
 TEST(DeviceModel, RejectsBadSpecsWithTheirNames) {
   DeviceSpec bad;
   bad.name = "tiny";

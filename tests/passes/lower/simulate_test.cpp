@@ -91,6 +91,44 @@ TEST(Simulate, AddsTheMachinesStepOverheadOnce) {
   SimulationReport r = simulate(p, m);
   EXPECT_DOUBLE_EQ(r.step_time_us, 38.0 + 20.0);
   EXPECT_DOUBLE_EQ(r.devices[0].idle_us, 8.0 + 20.0);
+  // Each device beyond the first adds the worker overhead: 38 + 20 + 1 * 3.
+  m.setWorkerOverheadUs(3.0);
+  EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 61.0);
+}
+
+// Note [Shared host cores]: the diamond's devices compute 30 + 25 us. On
+// one core that is the step, 55 us (not the 38 of two cores), plus the step
+// overhead; on 1.25 cores 55 / 1.25 = 44 us; on two the timeline's 38 us
+// stands (27.5 < 38). The timeline itself is unchanged.
+TEST(Simulate, SharedHostCoresBoundTheStepByTheComputeOverThem) {
+  ir::Graph g = ir::parseGraph(kDiamondNoLayers);
+  DeviceModel m = machine(2);
+  ir::Program p = lower(g, placeMEtf(g, m));
+  m.setHostCores(1.0);
+  m.setStepOverheadUs(20.0);
+  SimulationReport one = simulate(p, m, SimulateOptions{true});
+  EXPECT_DOUBLE_EQ(one.step_time_us, 55.0 + 20.0);
+  EXPECT_DOUBLE_EQ(one.devices[0].idle_us, 75.0 - 30.0);
+  EXPECT_DOUBLE_EQ(one.end_us[1].back(), 38.0);  // run %d ends where it did
+  m.setStepOverheadUs(0.0);
+  m.setHostCores(1.25);
+  EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 44.0);
+  m.setHostCores(2.0);
+  EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 38.0);
+}
+
+// A send's host cost lengthens the run before it: device 0 runs a 0..12
+// (10 + 2), sends a 12..15, runs b 12..34, sends b 34..37; device 1 runs c
+// 15..35 (no send after it), d 37..42.
+TEST(Simulate, ChargesTheSendOverheadToTheRunBeforeEachSend) {
+  ir::Graph g = ir::parseGraph(kDiamondNoLayers);
+  DeviceModel m = machine(2);
+  ir::Program p = lower(g, placeMEtf(g, m));
+  m.setSendOverheadUs(2.0);
+  SimulationReport r = simulate(p, m);
+  EXPECT_DOUBLE_EQ(r.step_time_us, 42.0);
+  EXPECT_DOUBLE_EQ(r.devices[0].compute_busy_us, 34.0);
+  EXPECT_DOUBLE_EQ(r.devices[1].compute_busy_us, 25.0);
 }
 
 TEST(Simulate, SerialisesReceivesAtADevice) {
