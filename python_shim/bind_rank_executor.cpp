@@ -16,6 +16,7 @@
 #include "ir/program.h"
 #include "python_shim/value_conversion.h"
 #include "runtime/check.h"
+#include "runtime/execution_trace.h"
 #include "runtime/rank_executor.h"
 
 namespace py = pybind11;
@@ -29,7 +30,7 @@ void bindRankExecutor(py::module_& m) {
                            "group (runtime/rank_executor.h).")
       .def(py::init([](const ir::Program& p, const std::string& group_name, double timeout_s,
                        const std::string& device, std::vector<size_t> replicated,
-                       std::vector<std::pair<size_t, int>> homes, bool verify) {
+                       std::vector<std::pair<size_t, int>> homes, bool verify, bool record_trace) {
              MP_RT_CHECK(timeout_s > 0, ConfigError, "modelpar rank executor: timeout must be > 0 s, got ",
                          timeout_s);
              c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -45,13 +46,17 @@ void bindRankExecutor(py::module_& m) {
              o.device = c10::Device(device);
              o.replicated_outputs = std::move(replicated);
              o.output_homes = std::move(homes);
+             o.record_trace = record_trace;
              py::gil_scoped_release no_gil;
              return std::make_unique<RankExecutor>(p, std::move(group), std::move(o));
            }),
            py::arg("program"), py::kw_only(), py::arg("group_name"), py::arg("timeout_s") = 30.0,
            py::arg("device") = "cpu", py::arg("replicated_outputs") = std::vector<size_t>{},
            py::arg("output_homes") = std::vector<std::pair<size_t, int>>{},
-           py::arg("verify") = true)
+           py::arg("verify") = true, py::arg("record_trace") = false)
+      .def("chrome_trace",
+           [](const RankExecutor& ex) { return runtime::toChromeTrace(ex.program(), ex.lastTrace()); },
+           "Chrome trace JSON of the last step on this rank (needs record_trace=True).")
       .def("run",
            [](RankExecutor& ex, const py::sequence& inputs) {
              // Inputs of other ranks are not read: None passes as an empty IValue.

@@ -160,10 +160,23 @@ class RankExecutor::Impl {
       next_post_ = taken_ = 0;
       wait_ns_ = 0;
       postAhead();
-      for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
+      if (options_.record_trace) {
+        startTrace();
+        for (size_t i = 0; i < sched.size(); ++i) {
+          const int64_t start = sinceStep();
+          step(i, sched[i]);
+          const Span span{start, sinceStep()};
+          trace_.host[static_cast<size_t>(rank_)][i] = span;
+          // A send's track shows its issue (the transfer itself runs in c10d).
+          if (sched[i].kind == Kind::Send) trace_.transfer[static_cast<size_t>(rank_)][i] = span;
+        }
+      } else {
+        for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
+      }
       sendHome();
       finishSends();
       std::vector<c10::IValue> out = outputs();
+      if (options_.record_trace) trace_.step_ns = sinceStep();
       std::fill(env_.begin(), env_.end(), c10::IValue());
       return out;
     } catch (const std::exception& e) {
@@ -176,10 +189,28 @@ class RankExecutor::Impl {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  const ExecutionTrace& trace() const { return trace_; }
   const ir::Program& program() const { return program_; }
   const std::vector<int>& holders() const { return holders_; }
 
  private:
+  void startTrace() {
+    trace_.host.assign(static_cast<size_t>(size_), {});
+    trace_.transfer.assign(static_cast<size_t>(size_), {});
+    for (int d = 0; d < size_; ++d) {
+      const size_t n = program_.schedule(d).size();
+      trace_.host[static_cast<size_t>(d)].assign(n, Span{});
+      trace_.transfer[static_cast<size_t>(d)].assign(n, Span{});
+    }
+    trace_.step_ns = 0;
+    t0_ = std::chrono::steady_clock::now();
+  }
+  // +1: a span that starts at the step's first nanosecond is not empty().
+  int64_t sinceStep() const {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0_)
+               .count() + 1;
+  }
+
   std::string where(size_t i, const ir::Instruction& inst) const {
     std::string s = c10::str("modelpar rank ", rank_, ", instruction ", i, " (",
                              ir::printInstruction(program_.graph(), inst));
@@ -484,6 +515,8 @@ class RankExecutor::Impl {
   bool broken_ = false;
   std::string broken_reason_;
   int64_t wait_ns_ = 0;  // this step: blocked in waits for peers
+  ExecutionTrace trace_;  // the last step's, with record_trace
+  std::chrono::steady_clock::time_point t0_;
 
  public:
   int64_t waitNs() const { return wait_ns_; }
@@ -502,5 +535,7 @@ int RankExecutor::worldSize() const { return impl_->size(); }
 const ir::Program& RankExecutor::program() const { return impl_->program(); }
 const std::vector<int>& RankExecutor::outputHolders() const { return impl_->holders(); }
 int64_t RankExecutor::lastStepWaitNs() const { return impl_->waitNs(); }
+
+const ExecutionTrace& RankExecutor::lastTrace() const { return impl_->trace(); }
 
 }  // namespace modelpar::runtime

@@ -19,6 +19,7 @@
 
 #include "ir/error.h"
 #include "ir/program.h"
+#include "runtime/execution_trace.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -58,6 +59,9 @@ struct RankExecutorOptions {
   /// parameter, which is the rank whose optimizer updates it (a pipeline's
   /// tied weight: used by two stages, its gradient summed on one).
   std::vector<std::pair<size_t, int>> output_homes;
+  /// Record the measured start and end of each of this rank's instructions
+  /// (lastTrace).
+  bool record_trace = false;
 };
 
 /// Example (rank r of a group of 2, running a 2-device program):
@@ -104,6 +108,12 @@ class RankExecutor {
   /// Nanoseconds the last step spent blocked waiting for other ranks
   /// (receives, sends finished at the end or at a fence, broadcasts).
   int64_t lastStepWaitNs() const;
+  /// The last step's measured spans (needs record_trace): this rank's row
+  /// filled, the other ranks' rows sized to their instruction lists and
+  /// empty, so toChromeTrace(program(), lastTrace()) shows this rank alone.
+  /// A run's span is its operator call, a send's its issue (on the send
+  /// track too), a recv's its wait for the data.
+  const ExecutionTrace& lastTrace() const;
 
  private:
   class Impl;

@@ -562,7 +562,8 @@ class _Capture:
         else:  # inference, or a forward planned alone: every output
             replicated = list(range(len(program.graph.output_names)))
         ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
-                          timeout_s=self.opts.peer_timeout, replicated_outputs=replicated)
+                          timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
+                          record_trace=self.opts.trace is not None)
         self.executors[kind.value] = ex
         return _RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
                         placeholders=kind is GraphKind.FORWARD)

@@ -215,7 +215,8 @@ class RankExecutor:
 
     def __init__(self, program: Any, group: Any, *, device: str = "cpu",
                  timeout_s: float = 30.0, replicated_outputs: Sequence[int] = (),
-                 output_homes: Sequence[tuple[int, int]] = (), verify: bool = True) -> None:
+                 output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
+                 record_trace: bool = False) -> None:
         import torch.distributed as dist
         self.group = group
         self.backend = str(dist.get_backend(group))
@@ -224,8 +225,14 @@ class RankExecutor:
         self.input_devices = list(_C.input_devices(program))
         self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
-                                   output_homes=[tuple(h) for h in output_homes], verify=verify)
+                                   output_homes=[tuple(h) for h in output_homes], verify=verify,
+                                   record_trace=record_trace)
         _live_executors.add(self)
+
+    def chrome_trace(self) -> str:
+        """Chrome trace JSON of the last step on this rank: one process, this
+        rank's device (needs ``record_trace=True``)."""
+        return self._ex.chrome_trace()
 
     def close(self) -> None:
         """Drops this executor's hold on the process group (Note [Letting go

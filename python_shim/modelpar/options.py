@@ -21,7 +21,7 @@ silently ignored.
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed.py) |
 | ``process_group`` | None or a ``torch.distributed.ProcessGroup`` | None | works: plan over this group's ranks (``devices``, when a count, must equal its size); None with ``devices="world"``: the default group |
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
-| ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``) |
+| ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
 
 Any of ``devices`` > 1, ``memory``, ``trace`` or a CUDA ``device_map``
 plans the graphs (``CompileOptions.planned``) and runs them on the
@@ -315,13 +315,13 @@ def resolve_options(options: Mapping[str, Any] | None = None,
         raise ConfigError(f"modelpar options: device_map={device_map!r} names {len(device_map)} "
                           f"devices but devices={devices}; give one device per logical device")
     if world:
-        for key, value, default in (("device_map", device_map, None), ("trace", trace, None),
+        for key, value, default in (("device_map", device_map, None),
                                     ("cuda_graphs", cuda_graphs or mode == "reduce-overhead", False),
                                     ("strategy", strategy, "manual")):
             if value != default:
                 raise ConfigError(f"modelpar options: {key}={value!r} is not yet supported over a "
                                   "process group (issue 13): each rank runs on the device its "
-                                  f"tensors are on, by stream replay, without traces. Leave {key} "
+                                  f"tensors are on, by stream replay. Leave {key} "
                                   "unset")
     if device_map not in (None, "cpu"):
         _check_cuda(device_map)

@@ -171,6 +171,11 @@ class Plan:
 
     def _write_traces(self, runs: list[tuple[str, Any, int, int]]) -> None:
         path = Path(self.options.trace)
+        rank = None
+        if self.options.world:  # each rank its own file: step.json -> step.rank1.json
+            import torch.distributed as dist
+            rank = dist.get_rank(self.options.process_group)
+            path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
         path.parent.mkdir(parents=True, exist_ok=True)
         events: list[dict] = []
         seen: set[str] = set()
@@ -193,8 +198,9 @@ class Plan:
         if simulated is None:
             placed = [r.placement for r in self.graphs.values() if r.placement is not None]
             simulated = placed[-1] if placed else None
-        if simulated is not None:
-            sim_path = path.with_name(path.stem + ".simulated.json")
+        if simulated is not None and rank in (None, 0):  # the plan is the same on every rank
+            sim_path = Path(self.options.trace)
+            sim_path = sim_path.with_name(sim_path.stem + ".simulated.json")
             simulated.write_trace(str(sim_path))
             self.simulated_trace_path = str(sim_path)
 

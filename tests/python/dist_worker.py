@@ -56,7 +56,11 @@ def _summed(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def train(case_name: str, steps: int, pipeline: str | None, release: bool = False) -> None:
+def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = None) -> None:
+    """extra: "release" (release_unowned after the first step) or "trace" (the
+    trace option, files in $MODELPAR_TEST_TRACE_DIR)."""
+    release = extra == "release"
+    trace_dir = os.environ["MODELPAR_TEST_TRACE_DIR"] if extra == "trace" else None
     case = CASES[case_name]
     tol = case.tol.after(steps=steps)
     torch.manual_seed(0)  # the same initial parameters on every rank and in eager
@@ -66,6 +70,8 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
     if pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
+    if trace_dir:
+        options["trace"] = os.path.join(trace_dir, "step.json")
 
     def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return case.loss(model(x), y)
@@ -100,6 +106,13 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
         losses.append(float(loss.detach()))
         if release and step == 0:  # NaN where other ranks own: any read would show
             released = modelpar.release_unowned(model, poison=True)
+    traced = None
+    if trace_dir:  # the last training step's trace, this rank's file
+        events = json.loads(open(os.path.join(trace_dir, f"step.rank{dist.get_rank()}.json")).read())
+        spans = [e for e in events["traceEvents"] if e.get("ph") == "X"]
+        traced = {"pids": sorted({e["pid"] for e in spans}),
+                  "runs": sum(e["cat"] == "run" for e in spans),
+                  "simulated": os.path.exists(os.path.join(trace_dir, "step.simulated.json"))}
     # Parameters after the steps: each is current on its owner only.
     for n, p in model.named_parameters():
         mine = p.detach().clone() if owners.get(n) == dist.get_rank() else torch.zeros_like(p)
@@ -123,7 +136,8 @@ def train(case_name: str, steps: int, pipeline: str | None, release: bool = Fals
             inference = "refused"
     own = sorted(owners)
     _result(rank=dist.get_rank(), losses=losses, owned=own,
-            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference)
+            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference,
+            traced=traced)
 
 
 def fault(how: str, bad_rank: int) -> None:
@@ -179,7 +193,7 @@ def main() -> None:
     try:
         if scenario == "train":
             train(args[0], int(args[1]), args[2] if len(args) > 2 else None,
-                  len(args) > 3 and args[3] == "release")
+                  args[3] if len(args) > 3 else None)
         elif scenario == "fault":
             fault(args[0], int(args[1]))
         elif scenario == "mismatch":

@@ -118,6 +118,20 @@ def test_released_parameters_of_other_ranks_are_never_read(schedule: str) -> Non
         assert r["released"] == sum(v for n, v in sizes.items() if n not in r["owned"]), r
 
 
+@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+def test_trace_over_ranks_writes_one_file_per_rank(schedule: str, tmp_path, monkeypatch) -> None:
+    # trace="step.json" over a group: rank r writes step.rankR.json with the
+    # measured spans of its own device only; rank 0 also the simulated plan.
+    monkeypatch.setenv("MODELPAR_TEST_TRACE_DIR", str(tmp_path))
+    results = _all_ok(_launch(2, "train", "mlp", "3", schedule, "trace"))
+    for rank, r in enumerate(results):
+        assert r["traced"]["pids"] == [rank], r["traced"]
+        assert r["traced"]["runs"] > 0, r["traced"]
+    assert results[0]["traced"]["simulated"]
+    assert sorted(f.name for f in tmp_path.iterdir()) == [
+        "step.rank0.json", "step.rank1.json", "step.simulated.json"]
+
+
 @pytest.mark.parametrize("how", ["raise", "kill", "hang"])
 def test_a_failed_rank_makes_the_others_raise_naming_it(how: str) -> None:
     runs = _launch(2 if how != "kill" else 4, "fault", how, "1")
@@ -195,7 +209,8 @@ def test_devices_other_than_the_group_size_is_a_config_error() -> None:
         with pytest.raises(modelpar.ConfigError, match="process_group takes"):
             modelpar.resolve_options({"devices": "world", "process_group": "default"})
         with pytest.raises(modelpar.ConfigError, match="not yet supported over a process group"):
-            modelpar.resolve_options({"devices": "world", "trace": "t.json"})
+            modelpar.resolve_options({"devices": "world", "cuda_graphs": True})
+        assert modelpar.resolve_options({"devices": "world", "trace": "t.json"}).trace == "t.json"
         with pytest.raises(modelpar.ConfigError, match="strategy='auto' is not yet supported over"):
             modelpar.resolve_options({"devices": "world", "strategy": "auto"})
         opts = modelpar.resolve_options({"devices": "world", "peer_timeout": 5})
