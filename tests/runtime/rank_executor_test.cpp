@@ -161,6 +161,38 @@ TEST(RankExecutor, TwoRanksOfAPipelineEqualTheReferenceInterpreter) {
   }
 }
 
+// record_trace: each rank's trace holds a non-empty span for every one of
+// its own instructions, in order, and nothing on the other rank's row, and
+// its Chrome trace has spans of its own device (pid) only.
+TEST(RankExecutor, ATraceHoldsThisRanksInstructionsOnly) {
+  const ir::Program p = mlpPipeline();
+  Wire wire;
+  RankExecutorOptions o;
+  o.record_trace = true;
+  std::vector<std::unique_ptr<RankExecutor>> ex;
+  for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<RankExecutor>(p, loopbackGroup(wire, r, 2), o));
+  const std::vector<IValue> in = mlpInputs();
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) ranks.emplace_back([&, r] { ex[static_cast<size_t>(r)]->run(in); });
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    const ExecutionTrace& t = ex[static_cast<size_t>(r)]->lastTrace();
+    ASSERT_EQ(t.host.size(), 2u);
+    const std::vector<Span>& mine = t.host[static_cast<size_t>(r)];
+    ASSERT_EQ(mine.size(), p.schedule(r).size());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      EXPECT_FALSE(mine[i].empty()) << "rank " << r << ", instruction " << i;
+      EXPECT_LE(mine[i].start_ns, mine[i].end_ns);
+      if (i > 0) EXPECT_LE(mine[i - 1].end_ns, mine[i].start_ns);
+    }
+    for (const Span& s : t.host[static_cast<size_t>(1 - r)]) EXPECT_TRUE(s.empty());
+    EXPECT_GE(t.step_ns, mine.back().end_ns);
+    const std::string json = toChromeTrace(p, t);
+    EXPECT_NE(json.find(c10::str("\"ph\":\"X\",\"pid\":", r)), std::string::npos);
+    EXPECT_EQ(json.find(c10::str("\"ph\":\"X\",\"pid\":", 1 - r)), std::string::npos);
+  }
+}
+
 // Rank 1 never runs: rank 0's first receive from it gives up after the
 // timeout with a PeerError naming rank 1 and the instruction, and the
 // executor refuses another step.
