@@ -89,6 +89,15 @@ LinkSpec linkFromJson(const Json& j, std::string_view where) {
   return l;
 }
 
+/// `us` when it is a valid cost in microseconds (finite, >= 0); else a
+/// ConfigError naming the setting.
+double checkedMicroseconds(const char* name, double us) {
+  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
+           "modelpar device-model: {}={} is not valid; it takes a finite number of microseconds "
+           ">= 0", name, us);
+  return us;
+}
+
 }  // namespace
 
 DeviceModel DeviceModel::uniform(int n, DeviceSpec device, LinkSpec link) {
@@ -159,10 +168,7 @@ void DeviceModel::setLink(int src, int dst, LinkSpec link, bool symmetric) {
 }
 
 void DeviceModel::setStepOverheadUs(double us) {
-  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
-           "modelpar device-model: step_overhead_us={} is not valid; it takes a finite number of "
-           "microseconds >= 0", us);
-  step_overhead_us_ = us;
+  step_overhead_us_ = checkedMicroseconds("step_overhead_us", us);
 }
 
 void DeviceModel::setHostCores(double cores) {
@@ -173,17 +179,11 @@ void DeviceModel::setHostCores(double cores) {
 }
 
 void DeviceModel::setSendOverheadUs(double us) {
-  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
-           "modelpar device-model: send_overhead_us={} is not valid; it takes a finite number of "
-           "microseconds >= 0", us);
-  send_overhead_us_ = us;
+  send_overhead_us_ = checkedMicroseconds("send_overhead_us", us);
 }
 
 void DeviceModel::setWorkerOverheadUs(double us) {
-  MP_CHECK(std::isfinite(us) && us >= 0, ConfigError,
-           "modelpar device-model: worker_overhead_us={} is not valid; it takes a finite number "
-           "of microseconds >= 0", us);
-  worker_overhead_us_ = us;
+  worker_overhead_us_ = checkedMicroseconds("worker_overhead_us", us);
 }
 
 std::string DeviceModel::toJson(int indent) const {
