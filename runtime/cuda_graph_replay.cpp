@@ -226,13 +226,7 @@ class CudaGraphCapture final : public GraphCapture {
       c10::cuda::CUDAStreamGuard guard(cudaOf(dev.compute()));
       graphs_[k]->replay();
     }
-    for (size_t d = 0; d < lanes_.size(); ++d) {
-      Device& dev = *lanes_[d].device;
-      std::unique_ptr<c10::cuda::CUDAEvent>& done = exit_[static_cast<int>(d)];
-      if (!done) done = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDisableTiming);
-      done->record(cudaOf(dev.compute()));
-      done->block(c10::cuda::getCurrentCUDAStream(dev.physical().index()));
-    }
+    for (Lane& lane : lanes_) lane.device->joinCaller();  // as a stream-replayed step ends
   }
 
   size_t numGraphs() const override { return order_.size(); }
@@ -252,7 +246,6 @@ class CudaGraphCapture final : public GraphCapture {
   std::vector<std::unique_ptr<c10::cuda::CUDAEvent>> ext_;  // per send slot
   std::vector<int64_t> sent_in_;                  // per send slot: its segment
   std::map<std::pair<int, int>, std::unique_ptr<c10::cuda::CUDAEvent>> join_;
-  std::map<int, std::unique_ptr<c10::cuda::CUDAEvent>> exit_;
   std::vector<std::unique_ptr<at::cuda::CUDAGraph>> graphs_;  // by launch index
   c10::MempoolId_t pool_;
 

@@ -183,9 +183,7 @@ void Executor::Impl::execute(int d, size_t i) {
         if (capture_ != nullptr && !capture_->fenceApplies(d, m)) continue;
         mail_[static_cast<size_t>(m)].done->block(lane.device->compute());
       }
-      // Note [Factory ops follow their device] (op_call.cpp).
-      const c10::Device gpu = lane.device->physical();
-      std::vector<c10::IValue> out = s.op->call(lane.env, gpu.is_cuda() ? &gpu : nullptr);
+      std::vector<c10::IValue> out = s.op->call(lane.env, lane.place_on ? &*lane.place_on : nullptr);
       for (size_t k = 0; k < out.size(); ++k) {
         lane.env[static_cast<size_t>((*s.defs)[k])] = std::move(out[k]);
       }

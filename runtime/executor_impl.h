@@ -48,6 +48,9 @@ struct Mail {
 /// One logical device.
 struct Lane {
   std::unique_ptr<Device> device;
+  /// Where factory ops make their tensors: the device's GPU, or none on CPU
+  /// workers (Note [Factory ops follow their device] in op_call.cpp).
+  std::optional<c10::Device> place_on;
   std::vector<Step> steps;
   std::vector<std::pair<size_t, ir::ValueId>> inputs;  // graph input index, value
   Env env;

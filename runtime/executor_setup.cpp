@@ -38,7 +38,11 @@ Executor::Impl::Impl(const ir::Program& p, const DeviceMap& map, ExecutorOptions
   const int caller_threads = at::get_num_threads();
   std::vector<std::unique_ptr<Device>> devices = createDevices(map_);
   lanes_ = std::vector<Lane>(devices.size());
-  for (size_t d = 0; d < devices.size(); ++d) lanes_[d].device = std::move(devices[d]);
+  for (size_t d = 0; d < devices.size(); ++d) {
+    lanes_[d].device = std::move(devices[d]);
+    // Note [Factory ops follow their device] (op_call.cpp): GPUs only.
+    if (lanes_[d].device->physical().is_cuda()) lanes_[d].place_on = lanes_[d].device->physical();
+  }
   resolve();
   initReplay();
 

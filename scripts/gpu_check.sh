@@ -28,6 +28,7 @@
 #
 # Environment: GPU_CHECK_STEPS (default "cpp py bench sanitize"), CUDA_ARCH
 # (default 9.0: H100/H200), MODELPAR_JOBS (default all cores),
+# GPU_CHECK_TARGETS (what to build, default "modelpar_runtime_tests _C"),
 # GPU_CHECK_FILTER (gtest filter, default 'Cuda*'), GPU_CHECK_PYTEST (extra
 # pytest arguments), GPU_CHECK_DIST=1 (also issue 13's NCCL run: needs 2 GPUs).
 set -uo pipefail
@@ -102,7 +103,7 @@ if [ ! -f "$build/build.ninja" ]; then
     -DTORCH_CUDA_ARCH_LIST="${CUDA_ARCH:-9.0}" ${CXX:+-DCMAKE_CUDA_HOST_COMPILER="$CXX"} \
     >>"$logs/build.log" 2>&1 || { tail -40 "$logs/build.log"; exit 1; }
 fi
-cmake --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target modelpar_runtime_tests _C -- -k 0 \
+cmake --build "$build" -j "${MODELPAR_JOBS:-$(nproc)}" --target ${GPU_CHECK_TARGETS:-modelpar_runtime_tests _C} -- -k 0 \
   >>"$logs/build.log" 2>&1 || { grep -E -A3 "error:" "$logs/build.log" | head -80; exit 1; }
 echo "== built in $(($(date +%s) - t0)) s"
 
