@@ -41,6 +41,7 @@ from .interpreter import RuntimeValue, run_graph, run_program
 from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_program
 from .options import CompileOptions, resolve_options
 from .distributed import release_unowned
+from .materialize import Materialized, materialize, materialize_all
 from .pipeline_passes import (
     CHECKPOINT_MODES,
     PARTITION_METHODS,
@@ -116,6 +117,9 @@ __all__ = [
     "reset_device_counters",
     "resolve_options",
     "release_unowned",
+    "Materialized",
+    "materialize",
+    "materialize_all",
     "run_graph",
     "run_program",
     "scope",

@@ -41,7 +41,7 @@ from .errors import ConfigError, ExecutionError, PeerError
 from .executor import outside_dispatch_modes
 
 __all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "check_homes",
-           "RankExecutor", "release_unowned"]
+           "RankExecutor", "release_unowned", "read_here", "Planned"]
 
 #: The ``devices`` value that means "one device per rank of the group".
 WORLD = "world"
@@ -253,6 +253,8 @@ class RankExecutor:
             raise ExecutionError("modelpar: this rank executor was closed (the process is exiting)")
         inputs = list(inputs)
         _note_inputs(inputs, self.input_devices, self.rank_now)
+        if plan_only:  # Note [Planning without running] in materialize.py
+            raise Planned()
         try:
             return outside_dispatch_modes(self._ex.run, inputs)
         except PeerError as e:
@@ -306,6 +308,21 @@ _read_elsewhere: dict[int, Any] = {}
 
 _bound_on: dict[int, tuple[Any, int]] = {}  # parameter -> the rank that binds it
 
+#: Set by materialize(): RankExecutor.run notes its inputs, then raises Planned.
+plan_only = False
+
+
+class Planned(Exception):
+    """Raised by RankExecutor.run under ``plan_only`` (materialize.py)."""
+
+
+def read_here(t: Any) -> bool:
+    """Whether this rank's compiled steps read ``t``, or no rank's do: the
+    tensors a rank must hold (Note [Parameters other ranks own])."""
+    seen_here = id(t) in _read_here and _read_here[id(t)]() is t
+    seen_elsewhere = id(t) in _read_elsewhere and _read_elsewhere[id(t)]() is t
+    return seen_here or not seen_elsewhere
+
 
 def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int) -> None:
     """Notes what this run reads (Note [Parameters other ranks own]).
@@ -338,19 +355,18 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
     that this rank's compiled steps never read (other ranks own them; Note
     [Parameters other ranks own]); call it after the first step. Each keeps
     its shape, dtype and strides (so the compiled code's guards still hold),
-    on fresh memory that is never written: the operating system maps such
-    pages only when touched, so resident memory drops by their size. With
+    on fresh memory that is never written (Note [Untouched memory] in
+    materialize.py), so resident memory drops by their size. With
     ``poison``, the fresh memory is filled with NaN instead (a test that
     nothing reads it). Returns the bytes released.
     """
+    from .materialize import untouched_like
     released = 0
     with torch.no_grad():
         for _name, t in [*module.named_parameters(), *module.named_buffers()]:
-            seen_here = id(t) in _read_here and _read_here[id(t)]() is t
-            seen_elsewhere = id(t) in _read_elsewhere and _read_elsewhere[id(t)]() is t
-            if seen_here or not seen_elsewhere:
+            if read_here(t):
                 continue
-            fresh = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=t.device)
+            fresh = untouched_like(t)
             if poison:
                 fresh.fill_(float("nan"))
             released += t.untyped_storage().nbytes()

@@ -4,12 +4,19 @@ the environment, initialises a Gloo group and runs one scenario; prints
 ``RESULT <json>`` on success and exits 1 with the traceback otherwise.
 
 Scenarios:
-  train CASE STEPS [PIPELINE [release]]  the test model CASE, compiled with
-      devices="world" (or a pipeline over the ranks: "gpipe" / "1f1b"; "none"),
-      against eager in this process: the loss of each step, every gradient
-      (summed over ranks: each exists on its owner only) and the parameters
-      after STEPS momentum-SGD steps, then one inference (no_grad) step. With "release", the parameters other
-      ranks own are released after step 0 (filled with NaN: never read).
+  train CASE STEPS [PIPELINE [release|trace|meta]]  the test model CASE,
+      compiled with devices="world" (or a pipeline over the ranks: "gpipe" /
+      "1f1b"; "none"), against eager in this process: the loss of each step,
+      every gradient (summed over ranks: each exists on its owner only) and
+      the parameters after STEPS momentum-SGD steps, then one inference
+      (no_grad) step. With "release", the parameters other ranks own are
+      released after step 0 (filled with NaN: never read). With "meta", the
+      model is built on the meta device and materialized (each rank
+      initialises only what it owns); eager is the same model materialized
+      whole in this process.
+  memory PIPELINE  a wide MLP built on the meta device and materialized: the
+      pages of the parameters other ranks own are never resident, those of
+      its own are; 3 steps equal eager.
   fault raise|kill|hang RANK  rank RANK fails in step 1 (raises, is killed,
       or sleeps); the others must raise modelpar.ExecutionError naming it.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
@@ -32,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import modelpar  # noqa: E402
 from models import CASES, MLP  # noqa: E402
+from tolerances import Reordered  # noqa: E402
 
 
 def _device() -> torch.device:
@@ -60,13 +68,19 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     """extra: "release" (release_unowned after the first step) or "trace" (the
     trace option, files in $MODELPAR_TEST_TRACE_DIR)."""
     release = extra == "release"
+    meta = extra == "meta"
     trace_dir = os.environ["MODELPAR_TEST_TRACE_DIR"] if extra == "trace" else None
     case = CASES[case_name]
     tol = case.tol.after(steps=steps)
     torch.manual_seed(0)  # the same initial parameters on every rank and in eager
     dev = _device()
-    model = case.make_model().to(dev)
-    eager = copy.deepcopy(model)
+    if meta:  # nothing allocated until materialize (below)
+        with torch.device("meta"):
+            model = case.make_model()
+            eager = case.make_model()
+    else:
+        model = case.make_model().to(dev)
+        eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
     if pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
@@ -77,6 +91,16 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         return case.loss(model(x), y)
 
     fast = torch.compile(step_fn, backend="modelpar", options=options)
+    materialized = None
+    if meta:
+        torch.manual_seed(0)
+        modelpar.materialize_all(eager)
+        torch.manual_seed(0)
+        report = modelpar.materialize(model, fast, *case.batch(0, case.batch_size))
+        print(report, flush=True)
+        materialized = {"owned": report.owned, "elsewhere": report.elsewhere,
+                        "resident_bytes": report.resident_bytes,
+                        "total_bytes": report.total_bytes}
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
     losses = []
@@ -137,7 +161,70 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     own = sorted(owners)
     _result(rank=dist.get_rank(), losses=losses, owned=own,
             plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference,
-            traced=traced)
+            traced=traced, materialized=materialized)
+
+
+def _resident(t: torch.Tensor) -> float:
+    """The fraction of the memory pages wholly inside ``t``'s storage that
+    are resident (mincore(2))."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = t.untyped_storage().data_ptr()
+    end = start + t.untyped_storage().nbytes()
+    lo, hi = -(-start // page) * page, end // page * page
+    assert hi > lo, "a tensor of less than a page"
+    vec = (ctypes.c_ubyte * ((hi - lo) // page))()
+    if libc.mincore(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), vec) != 0:
+        raise OSError(ctypes.get_errno(), "mincore")
+    return sum(v & 1 for v in vec) / len(vec)
+
+
+def memory(pipeline: str) -> None:
+    """A wide MLP (8 x Linear(512, 512): 1 MiB per weight) on the meta device."""
+    def make() -> torch.nn.Module:
+        return torch.nn.Sequential(*[m for _ in range(8)
+                                     for m in (torch.nn.Linear(512, 512), torch.nn.Tanh())])
+    torch.manual_seed(0)
+    eager = make()  # the default init draws what the constructors draw
+    with torch.device("meta"):
+        model = make()
+    options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
+    if pipeline != "none":
+        options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
+
+    def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.mse_loss(model(x), y)
+
+    fast = torch.compile(step_fn, backend="modelpar", options=options)
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(16, 512, generator=g), torch.randn(16, 512, generator=g))
+               for _ in range(3)]
+    torch.manual_seed(0)
+    report = modelpar.materialize(model, fast, *batches[0])
+    weights = {n: p for n, p in model.named_parameters() if n.endswith("weight")}
+    after_init = {n: _resident(p) for n, p in weights.items()}
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05)
+    # Placement and micro-batching reorder the 512-term sums of 8 layers,
+    # forward and backward (tests/python/tolerances.py), over 3 SGD steps.
+    tol = Reordered(512, depth=16).after(steps=3)
+    for x, y in batches:
+        loss, ref = fast(x, y), torch.nn.functional.mse_loss(eager(x), y)
+        tol.assert_close(loss.detach(), ref.detach())
+        loss.backward()
+        ref.backward()
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    for n, p in model.named_parameters():
+        if n in report.owned:
+            tol.assert_close(p.detach(), dict(eager.named_parameters())[n].detach(),
+                             msg=lambda m: f"parameter {n}: {m}")
+    _result(rank=dist.get_rank(), owned=report.owned, resident_bytes=report.resident_bytes,
+            total_bytes=report.total_bytes, after_init=after_init,
+            after_steps={n: _resident(p) for n, p in weights.items()})
 
 
 def fault(how: str, bad_rank: int) -> None:
@@ -194,6 +281,8 @@ def main() -> None:
         if scenario == "train":
             train(args[0], int(args[1]), args[2] if len(args) > 2 else None,
                   args[3] if len(args) > 3 else None)
+        elif scenario == "memory":
+            memory(args[0])
         elif scenario == "fault":
             fault(args[0], int(args[1]))
         elif scenario == "mismatch":
