@@ -115,17 +115,18 @@ def main() -> None:
     print(f"model: {a.layers} x Linear({a.width}, {a.width}), {model_mib:.0f} MiB of parameters; "
           f"{'1F1B x4' if a.pipeline else 'm-ETF placement'} over 2 ranks\n")
     print("| configuration | process | peak after import (MiB) | peak with the model (MiB) "
-          "| peak after 3 steps (MiB) | parameters owned (MiB) | losses |")
-    print("|---|---|---:|---:|---:|---:|---|")
+          "| peak after 3 steps (MiB) | parameters owned (MiB) | materialize (s) | losses |")
+    print("|---|---|---:|---:|---:|---:|---:|---|")
     for mode, label in [("eager", "eager, one process"),
                         ("whole", "built whole on every rank, release_unowned after step 0"),
                         ("meta", "built on meta, materialize")]:
         for r in _run(mode, a):
             owned = f"{r['owned_mib']:.0f}" if "owned_mib" in r else ""
+            took = f"{r['materialize_s']:.1f}" if "materialize_s" in r else ""
             losses = ", ".join(f"{v:.6f}" for v in r["losses"])
             who = "eager" if mode == "eager" else f"rank {r['rank']}"
             print(f"| {label} | {who} | {r['imported']:.0f} | {r['built']:.0f} | "
-                  f"{r['trained']:.0f} | {owned} | {losses} |", flush=True)
+                  f"{r['trained']:.0f} | {owned} | {took} | {losses} |", flush=True)
 
 
 if __name__ == "__main__":
