@@ -1,6 +1,7 @@
 """pytest set-up shared by the Python tests.
 
-MODELPAR_CPU_PROFILE is "off" unless set (see pytest_configure).
+MODELPAR_CPU_PROFILE and MODELPAR_CUDA_PROFILE are "off" unless set (see
+pytest_configure).
 MODELPAR_TEST_THREADS=N runs the whole suite with N intra-op threads
 (``torch.set_num_threads``): the suite must pass with any count, since
 tolerances come from tests/python/tolerances.py, not from one machine."""
@@ -16,8 +17,10 @@ def pytest_configure(config) -> None:
     # Plans for CPU workers are costed with a calibrated profile of the CPU
     # (modelpar/cpu_profile.py); the suite plans with passes' default device
     # instead, so that what the tests plan does not depend on the CPU running
-    # them. test_cpu_profile.py turns it on in a temporary cache.
+    # them. test_cpu_profile.py turns it on in a temporary cache; the same
+    # for GPUs (modelpar/cuda_profile.py, test_cuda_profile.py).
     os.environ.setdefault("MODELPAR_CPU_PROFILE", "off")
+    os.environ.setdefault("MODELPAR_CUDA_PROFILE", "off")
     threads = os.environ.get("MODELPAR_TEST_THREADS")
     if threads:
         torch.set_num_threads(int(threads))

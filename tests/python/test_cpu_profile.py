@@ -62,7 +62,8 @@ def test_env_turns_it_off_or_names_a_profile(cache, monkeypatch, tmp_path):
     given.write_text("{}")
     monkeypatch.setenv("MODELPAR_CPU_PROFILE", str(given))
     assert cpu_profile.cpu_profile_path(2) == str(given)
-    assert cpu_profile.machine_for("cuda:0") is None  # CUDA maps: not calibrated yet
+    monkeypatch.setenv("MODELPAR_CUDA_PROFILE", "off")
+    assert cpu_profile.machine_for("cuda:0") is None  # CUDA maps: cuda_profile.py's
     monkeypatch.setenv("MODELPAR_CPU_PROFILE", str(tmp_path / "missing.json"))
     with pytest.raises(ConfigError, match="MODELPAR_CPU_PROFILE=.*missing.json.* is not a file"):
         cpu_profile.cpu_profile_path(1)

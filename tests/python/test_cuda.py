@@ -153,3 +153,27 @@ def test_importing_modelpar_leaves_cuda_autograd_alone() -> None:
     x = torch.randn(4, 4, device="cuda", requires_grad=True)
     (x * 2).sum().backward()
     torch.testing.assert_close(x.grad, torch.full_like(x, 2.0))
+
+
+def test_the_gpu_is_calibrated_once_and_plans_use_its_profile(tmp_path, monkeypatch, capsys) -> None:
+    # modelpar/cuda_profile.py on the real GPU: a progress bar, figures of a
+    # GPU (not a CPU core, not the default spec's guess), cached, and a
+    # compiled plan for logical devices of cuda:0 costed on it, marked as
+    # sharing one GPU (Note [Logical devices share their GPU]).
+    import json
+    from modelpar import cuda_profile
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("MODELPAR_CUDA_PROFILE", raising=False)
+    path = cuda_profile.cuda_profile_path("cuda:0")
+    assert "modelpar: calibrating" in capsys.readouterr().err
+    prof = json.loads(open(path).read())
+    dev = prof["devices"][0]
+    print("calibrated:", json.dumps({**dev, **prof["calibration"]}))
+    assert prof["host_cores"] == 1
+    assert dev["peak_flops"] > 5e12, dev  # fp32 on a data-centre GPU: tens of TFLOP/s
+    assert dev["memory_bandwidth_bytes_per_s"] > 3e11, dev  # HBM: TB/s
+    assert 0.5 < dev["launch_overhead_us"] < 200, dev
+    assert cuda_profile.cuda_profile_path("cuda:0") == path
+    assert "calibrating" not in capsys.readouterr().err  # cached
+    plan = _train("mlp", {"devices": 2, "placer": "m-etf", "device_map": "cuda:0"})
+    assert json.loads(plan.graphs["forward"].placement.machine_json)["host_cores"] == 1

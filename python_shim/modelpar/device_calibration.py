@@ -1,0 +1,255 @@
+"""Measures one kind of device the executor runs on and fits a machine
+profile for planning (passes/cost/README.md): the measurements shared by
+the CPU profile (cpu_profile.py: CPU worker devices) and the GPU profile
+(cuda_profile.py: logical devices on CUDA GPUs).
+
+What is measured, on a :class:`Target` (where the tensors of the
+micro-benchmarks live, the executor's device map, how to wait for it):
+
+* kernels: ``mm`` of squares and ``add`` of vectors, fitted by
+  passes/cost/calibrate.h's least squares (time = bytes / bandwidth +
+  flops / peak + overhead);
+* the per-op overhead of the executor: a chain of 256 one-element ops on
+  one device, minus a chain of 1, per op (it replaces the fitted intercept,
+  which eager Python calls inflate);
+* transfers: copies of 4 KiB and up (bandwidth) plus the executor's
+  hand-off between two devices (a 4-byte send from one to the other, minus
+  the same chain on one); of the hand-off, what the send instruction costs
+  the sending device's host lane (its traced span) is the send overhead,
+  charged to the sender, and the rest the link latency;
+* the fixed cost of a step (a one-op step minus its op), and what each
+  device beyond the first adds to it.
+
+Executor timings take the fastest of their runs: the costs are differences
+of these, and other load on the machine only ever adds to a run.
+
+Example::
+
+    from modelpar.device_calibration import Target, calibrate
+    text = calibrate(Target.cpu(threads=1), memory_bytes=8 << 30)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+__all__ = ["Target", "Progress", "calibrate", "median_us"]
+
+
+def _no_wait() -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to calibrate: ``tensor_device`` runs the kernel and copy
+    micro-benchmarks (``copy_to``: the device copies go to; itself when
+    None), ``device_map`` is the Executor's, ``wait`` blocks until the
+    device has finished what was issued. ``threads``: the intra-op threads
+    the micro-benchmarks run with (CPU), None to leave them."""
+    title: str
+    tensor_device: torch.device
+    device_map: str
+    wait: Callable[[], None] = _no_wait
+    threads: int | None = None
+    copy_to: torch.device | None = None
+    mm_sizes: Sequence[int] = (64, 128, 256, 384, 512)
+    add_sizes: Sequence[int] = (1_000, 10_000, 100_000, 1_000_000, 4_000_000)
+    copy_sizes: Sequence[int] = (4 << 10, 64 << 10, 1 << 20, 4 << 20, 16 << 20)
+    extra: dict[str, Any] = field(default_factory=dict)  # into the profile's "calibration"
+
+    @staticmethod
+    def cpu(threads: int) -> "Target":
+        """CPU worker devices with ``threads`` intra-op threads each."""
+        return Target(f"modelpar: calibrating this CPU ({threads} thread{'s' * (threads > 1)})",
+                      torch.device("cpu"), "cpu-workers", threads=threads,
+                      extra={"threads": threads})
+
+    @staticmethod
+    def cuda(index: int) -> "Target":
+        """Logical devices on GPU ``index`` (copies to the next GPU, if
+        there is one: what a transfer between two GPUs costs)."""
+        dev = torch.device("cuda", index)
+        peer = torch.device("cuda", index + 1) if torch.cuda.device_count() > index + 1 else None
+        name = torch.cuda.get_device_name(dev)
+        return Target(f"modelpar: calibrating {name}", dev, f"cuda:{index}",
+                      wait=lambda: torch.cuda.synchronize(dev), copy_to=peer,
+                      mm_sizes=(256, 512, 1024, 2048, 4096),
+                      add_sizes=(10_000, 100_000, 1_000_000, 16_000_000, 64_000_000),
+                      copy_sizes=(64 << 10, 1 << 20, 16 << 20, 64 << 20, 256 << 20),
+                      extra={"gpu": name, "copies_to": str(peer) if peer else "the same GPU"})
+
+
+class Progress:
+    """A one-line progress bar on stderr."""
+
+    def __init__(self, total: int, enabled: bool, title: str) -> None:
+        self.total, self.done, self.enabled, self.title = total, 0, enabled, title
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 24
+        filled = width * self.done // self.total
+        sys.stderr.write(f"\r{self.title} [{'#' * filled}{'.' * (width - filled)}] "
+                         f"{self.done}/{self.total} {what:<24}")
+        if self.done == self.total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def median_us(fn: Callable[[], object], reps: int, wait: Callable[[], None] = _no_wait) -> float:
+    """The median time of ``fn()`` (waited for) in microseconds."""
+    fn()
+    wait()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        fn()
+        wait()
+        times.append(time.perf_counter_ns() - t0)
+    return statistics.median(times) / 1e3
+
+
+def chain(layers: list[str]) -> str:
+    """An IR graph: one-element relu after relu, one per layer name."""
+    lines = ["graph @chain(%x: f32[1] input) {"]
+    prev = "%x"
+    for i, layer in enumerate(layers):
+        lines.append(f'  %v{i}: f32[1] = aten::relu({prev}) {{layer="{layer}", phase=fwd}}')
+        prev = f"%v{i}"
+    lines += [f"  return {prev}", "}"]
+    return "\n".join(lines)
+
+
+def _executor(target: Target, text: str, devices: int, pinned: dict[str, int] | None,
+              record_trace: bool = False) -> Any:
+    from .executor import Executor
+    from .ir import parse_graph
+    from .planning import plan_graph
+    plan = plan_graph(parse_graph(text), devices=devices, dump_dir="", coarsen=False,
+                      pinned_layers=pinned)
+    ex = Executor(plan.program, device_map=target.device_map,
+                  threads_per_device=target.threads or 1, record_trace=record_trace)
+    return plan, ex
+
+
+def executor_us(target: Target, text: str, devices: int, pinned: dict[str, int] | None,
+                reps: int) -> float:
+    """The fastest of ``reps`` steps of ``text`` planned on ``devices``."""
+    _plan, ex = _executor(target, text, devices, pinned)
+    x = torch.randn(1, device=target.tensor_device)
+    for _ in range(5):
+        ex.run([x])
+    target.wait()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter_ns()
+        ex.run([x])
+        target.wait()
+        times.append(time.perf_counter_ns() - t0)
+    return min(times) / 1e3
+
+
+def send_us(target: Target, k: int = 32, reps: int = 30) -> float:
+    """The median traced host span of a send instruction in a chain of
+    ``k`` one-element ops alternating between two devices."""
+    names = [f"l{i}" for i in range(k)]
+    plan, ex = _executor(target, chain(names), 2, {n: i % 2 for i, n in enumerate(names)},
+                         record_trace=True)
+    sends: list[list[int]] = [[], []]  # per device, the indices of its sends
+    device, index = -1, 0
+    for line in str(plan.program).splitlines():
+        m = re.match(r"\s*device (\d+)", line)
+        if m:
+            device, index = int(m.group(1)), 0
+        elif device >= 0 and line.strip() and line.strip() != "}":
+            if line.strip().startswith("send "):
+                sends[device].append(index)
+            index += 1
+    x = torch.randn(1, device=target.tensor_device)
+    for _ in range(5):
+        ex.run([x])
+    target.wait()
+    spans = []
+    for _ in range(reps):
+        ex.run([x])
+        target.wait()
+        host = ex.last_trace()["host"]
+        for d, idx in enumerate(sends):
+            for i in idx:
+                s = host[d][i]
+                if s is not None:
+                    spans.append((s[1] - s[0]) / 1e3)
+    return statistics.median(spans) if spans else 0.0
+
+
+def calibrate(target: Target, memory_bytes: int, *, progress: bool = True) -> str:
+    """Measures ``target`` (see the module docstring) and returns the
+    profile's JSON text: one device, which the planners replicate to as
+    many devices as they plan for; ``memory_bytes`` is its capacity."""
+    from . import _C
+    bar = Progress(len(target.mm_sizes) + len(target.add_sizes) + len(target.copy_sizes) + 2,
+                   progress, target.title)
+    dev, wait = target.tensor_device, target.wait
+    saved_threads = torch.get_num_threads()
+    if target.threads is not None:
+        torch.set_num_threads(target.threads)
+    try:
+        kernels: list[tuple[float, float, float]] = []
+        for n in target.mm_sizes:
+            a, b = torch.randn(n, n, device=dev), torch.randn(n, n, device=dev)
+            kernels.append((3 * 4 * n * n, 2 * n ** 3, median_us(lambda: torch.mm(a, b), 15, wait)))
+            bar.step(f"matmul {n}")
+        for numel in target.add_sizes:
+            a, b = torch.randn(numel, device=dev), torch.randn(numel, device=dev)
+            kernels.append((12 * numel, numel, median_us(lambda: torch.add(a, b), 15, wait)))
+            bar.step(f"add {numel}")
+        transfers: list[tuple[float, float]] = []
+        to = target.copy_to or dev
+        for nbytes in target.copy_sizes:
+            t = torch.randn(nbytes // 4, device=dev)
+            copy = (lambda: t.to(to, copy=True)) if to != dev else (lambda: t.clone())
+            transfers.append((nbytes, median_us(copy, 15, wait)))
+            bar.step(f"copy {nbytes >> 10} KiB")
+    finally:
+        torch.set_num_threads(saved_threads)
+    # Per-op overhead on a device: 256 ops minus 1 op, per op.
+    k = 256
+    long_us = executor_us(target, chain(["a"] * k), 1, None, 30)
+    short_us = executor_us(target, chain(["a"]), 1, None, 60)
+    per_op_us = max((long_us - short_us) / (k - 1), 0.05)
+    bar.step("per-op overhead")
+    # Hand-off: a 4-byte send from device 0 to device 1, minus one device.
+    two = chain(["a", "b"])
+    handoff_us = max(executor_us(target, two, 2, {"a": 0, "b": 1}, 60)
+                     - executor_us(target, two, 1, None, 60), 0.0)
+    send_span_us = min(send_us(target), handoff_us)
+    bar.step("hand-off")
+    name = "cpu" if dev.type == "cpu" else dev.type
+    profile = json.loads(_C.calibrated_machine(kernels, transfers, int(memory_bytes), name,
+                                               handoff_us - send_span_us))
+    profile["devices"][0]["launch_overhead_us"] = per_op_us
+    profile["send_overhead_us"] = send_span_us
+    # What a one-op step costs beyond its op: waking the device's worker,
+    # collecting the outputs (DeviceModel::stepOverheadUs; simulate adds it).
+    step_us = max(short_us - per_op_us, 0.0)
+    profile["step_overhead_us"] = step_us
+    device_us = max(executor_us(target, chain(["a"]), 2, {"a": 0}, 60) - short_us, 0.0)
+    profile["worker_overhead_us"] = device_us
+    profile["calibration"] = {**target.extra, "device_map": target.device_map,
+                              "torch": torch.__version__, "per_op_us": per_op_us,
+                              "handoff_us": handoff_us, "send_overhead_us": send_span_us,
+                              "step_overhead_us": step_us, "worker_overhead_us": device_us,
+                              "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return json.dumps(profile, indent=2)
