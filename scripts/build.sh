@@ -7,6 +7,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/setup.sh
+# Paths relative to the checkout in ccache's hash: worktrees and clean clones
+# reuse each other's objects.
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}" CCACHE_NOHASHDIR=1
 build="${BUILD_DIR:-build}"
 py="$root/.venv/bin/python"
 if [ ! -f "$build/build.ninja" ]; then
