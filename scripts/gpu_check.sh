@@ -6,7 +6,8 @@
 #        bash scripts/gpu_check.sh --fetch-debs
 #      downloads the Debian packages the build needs and the GPU image lacks
 #      (fmt, GoogleTest, nlohmann-json, COIN-OR CLP/CBC with BLAS/LAPACK,
-#      pkgconf) into .device-debs/ (git-ignored; carried by the run).
+#      pkgconf, Gloo's headers) into .device-debs/ (git-ignored; carried by
+#      the run).
 #   2. on the GPU machine, from the repository root (the checkout the session
 #      was started in travels):
 #        run(command="bash scripts/gpu_check.sh", carry=[".device-debs"], timeout_s=600)
@@ -23,10 +24,13 @@
 #                  bench/cuda_pipeline_step.py (a compute-bound model pipelined on
 #                  2 logical devices of one GPU against one device)
 #        sanitize  the cpp step under compute-sanitizer memcheck, racecheck, synccheck
+#        gloo      builds examples/rank_train.cpp against the machine's torch and
+#                  Gloo's headers and runs it as 2 CPU ranks over Gloo (its log
+#                  goes to build.log)
 #      Logs go to $OUT (at most 8 files come back: one per step) or to
 #      build-gpu/logs without $OUT. Exit status: non-zero if any step failed.
 #
-# Environment: GPU_CHECK_STEPS (default "cpp py bench sanitize"), CUDA_ARCH
+# Environment: GPU_CHECK_STEPS (default "cpp py bench sanitize gloo"), CUDA_ARCH
 # (default 9.0: H100/H200), MODELPAR_JOBS (default all cores),
 # GPU_CHECK_TARGETS (what to build, default "modelpar_runtime_tests _C"),
 # GPU_CHECK_FILTER (gtest filter, default 'Cuda*'), GPU_CHECK_PYTEST (extra
@@ -45,7 +49,7 @@ if [ "${1:-}" = "--fetch-debs" ]; then
     coinor-libcbc-dev coinor-libcbc3 coinor-libcgl-dev coinor-libcgl1 coinor-libclp-dev coinor-libclp1 \
     coinor-libcoinutils-dev coinor-libcoinutils3v5 coinor-libosi-dev coinor-libosi1v5 \
     libblas3 liblapack3 libgfortran5 libquadmath0 libbz2-1.0 \
-    pkgconf pkgconf-bin libpkgconf3)
+    pkgconf pkgconf-bin libpkgconf3 libgloo-dev)
   ls -l "$debs"
   exit 0
 fi
@@ -74,7 +78,7 @@ so="$(ldconfig -p | awk '$1 ~ /^libz[.]so[.]1/ && /x86-64/ {print $NF; exit}')"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LIBRARY_PATH="$libdir"
 export PKG_CONFIG_SYSROOT_DIR="$prefix" PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$prefix/usr/share/pkgconfig"
 
-steps="${GPU_CHECK_STEPS:-cpp py bench sanitize}"
+steps="${GPU_CHECK_STEPS:-cpp py bench sanitize gloo}"
 want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 py="$(command -v python3)"
 torch_cmake="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
@@ -142,6 +146,21 @@ if want sanitize; then
       --error-exitcode 3 --target-processes all "$tests" --gtest_filter="$filter" --gtest_brief=1
     grep -E "ERROR SUMMARY|RACECHECK SUMMARY|FAILED" "$logs/sanitizer-$tool.log" | tail -3
   done
+fi
+# Issue 13 from LibTorch: examples/rank_train.cpp makes its own Gloo group.
+# libgloo-dev gives the headers only (libtorch_cpu holds Gloo's code; its
+# other dependencies, hiredis and ibverbs, are not included by the headers
+# ProcessGroupGloo.hpp reads). CPU ranks: this checks the example builds and
+# runs against the machine's torch.
+if want gloo; then
+  s=$(date +%s)
+  { cmake --build "$build" --target rank_train &&
+      timeout 60 "$py" tests/examples/launch_ranks.py --nproc 2 -- "$build/examples/rank_train"; } \
+    >>"$logs/build.log" 2>&1
+  rc=$?
+  echo "== rank_train over Gloo (2 CPU ranks): exit $rc in $(($(date +%s) - s)) s (log: build.log)"
+  [ "$rc" = 0 ] || status=1
+  grep -E "rank_train|launch_ranks|error:" "$logs/build.log" | tail -6
 fi
 # Issue 13 over NCCL: m-ETF training over 2 ranks (one GPU each) against
 # eager, tests/python/dist_worker.py with MODELPAR_DIST_BACKEND=nccl. Needs 2

@@ -7,7 +7,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 
 debs=(libgtest-dev libgmock-dev libfmt-dev libbenchmark-dev nlohmann-json3-dev ninja-build ccache
-      coinor-libclp-dev coinor-libcbc-dev pkg-config)
+      coinor-libclp-dev coinor-libcbc-dev pkg-config libgloo-dev)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

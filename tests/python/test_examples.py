@@ -73,3 +73,27 @@ def test_demo_runs_and_reports_success(tmp_path: Path, capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "all checks passed" in out
     assert (tmp_path / "mlp_pipeline_program.dot").read_text().startswith("digraph")
+
+
+@pytest.mark.parametrize("batch", [16, 5])
+def test_four_layer_gradient_step_equals_eager_autograd(batch: int) -> None:
+    # examples/rank_train.cpp checks its ranks against this hand-written
+    # graph run in one piece; here the graph itself meets autograd. Its sums
+    # are at most 64 long, 8 matmuls deep on the way to dw1 (4 forward, 4
+    # backward).
+    tol = Reordered(64, depth=8)
+    graph = modelpar.load_graph(str(EXAMPLES / "mlp4_grads_symbolic.txt"))
+    gen = torch.Generator().manual_seed(batch)
+    x, y = torch.randn(batch, 32, generator=gen), torch.randn(batch, 8, generator=gen)
+    ws = [torch.randn(a, b, generator=gen) / a**0.5 for a, b in [(32, 64), (64, 64), (64, 64), (64, 8)]]
+    got = modelpar.run_graph(graph, [x, y, *ws])
+    leaves = [w.clone().requires_grad_() for w in ws]
+    h = x
+    for i, w in enumerate(leaves):
+        h = h @ w if i == 3 else torch.relu(h @ w)
+    loss = torch.nn.functional.mse_loss(h, y)
+    loss.backward()
+    assert len(got) == 5
+    tol.assert_close(got[0], loss.detach())
+    for g, w in zip(got[1:], leaves):
+        tol.assert_close(g, w.grad)

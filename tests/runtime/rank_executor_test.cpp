@@ -1,9 +1,11 @@
 // RankExecutor over a c10d ProcessGroup, with ranks as threads of this test:
 // the group's backend is a loopback (below, test-only: c10d's own Gloo needs
-// headers the wheel lacks, and the Python tests run real Gloo groups in
-// separate processes). Two ranks running their halves of a Program give what
-// the reference interpreter gives; a rank that never sends makes its peer
-// raise PeerError naming it within the timeout; bad set-ups are typed errors.
+// headers the wheel lacks; the Python tests run real Gloo groups in separate
+// processes, and so does examples/rank_train.cpp from C++ where Debian's
+// libgloo-dev provides them). Two ranks running their halves of a Program
+// give what the reference interpreter gives; a rank that never sends makes
+// its peer raise PeerError naming it within the timeout; bad set-ups are
+// typed errors.
 #include "runtime/rank_executor.h"
 
 #include <gtest/gtest.h>
