@@ -47,7 +47,7 @@ import torch
 import torch.fx
 
 from . import _C
-from .cpu_profile import machine_for
+from .cpu_profile import machine_for_options
 from .errors import InvalidIrError, UnsupportedOpError
 from .fx_import import (GraphKind, InputRole, UnsupportedGraph, import_graph, source_name,
                          symbol_sizes)
@@ -442,7 +442,7 @@ class _Capture:
         joint, fw_plan, bw_plan, moved_layer, moved_param = plan_joint(
             fw_graph, bw_graph, saved, tangents, gradients, devices=self.opts.devices,
             memory=self.opts.memory, placer=self.opts.placer or "m-etf",
-            machine=machine_for(self.opts.executor_device_map),
+            machine=machine_for_options(self.opts),
             dump_dir=self.opts.dump_dir or "",
             # Costs and memory at this call's sizes, not at 1 per symbol.
             symbol_sizes=symbol_sizes(fw_module, bw_module))
@@ -517,7 +517,7 @@ class _Capture:
                 pinned = _world_layers.get(self.plan_key()) or None
             placement = plan_graph(graph, devices=self.opts.devices,
                                    memory=self.opts.memory,
-                                   machine=machine_for(self.opts.executor_device_map),
+                                   machine=machine_for_options(self.opts),
                                    placer=self.opts.placer or "m-etf",
                                    dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
         if kind is not GraphKind.BACKWARD:

@@ -56,7 +56,7 @@ import torch
 import torch.fx
 
 from . import _C
-from .cpu_profile import machine_for
+from .cpu_profile import machine_for_options
 from .errors import ConfigError
 from .options import CompileOptions, pipeline_options
 
@@ -224,7 +224,7 @@ class PipelineStep:
         from .pipeline_passes import plan_pipeline
         o = self.options
         start = time.perf_counter()
-        machine = machine_for(self.opts.executor_device_map)
+        machine = machine_for_options(self.opts)
         search = None
         if self.opts.strategy == "auto":
             search = self._search(batch, machine, values)

@@ -36,12 +36,13 @@ import platform
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from .device_calibration import Target, calibrate
 from .errors import ConfigError
 
 __all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "machine_for",
-           "measures_nodes"]
+           "machine_for_options", "measures_nodes"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
 _VERSION = 2  # 2: send_overhead_us, worker_overhead_us
@@ -132,6 +133,17 @@ def machine_for(device_map: str, threads: int = 1) -> str | None:
         return cpu_profile_path(threads)
     from .cuda_profile import cuda_profile_path
     return cuda_profile_path(device_map)
+
+
+def machine_for_options(opts: Any) -> str | None:
+    """``machine_for`` the options' executor device map; over a process group
+    rank 0's profile, the same on every rank (Note [Measured once, planned
+    everywhere] in first_rank.py)."""
+    if not opts.world:
+        return machine_for(opts.executor_device_map)
+    from .first_rank import machine_on_ranks, measure_wait_s
+    return machine_on_ranks(lambda: machine_for(opts.executor_device_map), opts.process_group,
+                            measure_wait_s(opts.peer_timeout))
 
 
 def measures_nodes(device_map: str) -> bool:

@@ -257,7 +257,17 @@ def profile_graph(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: in
 
 def profile_graph_gaps(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: int = 5,
                        threads_per_device: int = 1) -> tuple[Graph, float]:
-    """``profile_graph``, and the executor's time between ops per node: the
+    """``profile_graph``, and the executor's time between ops per node
+    (profile_graph_times)."""
+    times, gap = profile_graph_times(graph, inputs, runs=runs,
+                                     threads_per_device=threads_per_device)
+    return _C.apply_profile(graph, times), gap
+
+
+def profile_graph_times(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: int = 5,
+                        threads_per_device: int = 1) -> tuple[list[float], float]:
+    """Each node's median time in microseconds on a CPU worker (-1: not
+    timed), and the executor's time between ops per node: the
     median run minus the nodes' medians (frees, argument lists), divided by
     the nodes timed. Every op pays it, whatever its size, so it is part of
     the per-op overhead (strategy="auto" adds it to the machine's
@@ -287,7 +297,7 @@ def profile_graph_gaps(graph: Graph, inputs: Sequence[Any] | None = None, *, run
     times = [sorted(s)[len(s) // 2] if s else -1.0 for s in samples]
     timed = [t for t in times if t >= 0]
     gap = max(0.0, sorted(walls)[len(walls) // 2] - sum(timed)) / max(1, len(timed))
-    return _C.apply_profile(graph, times), gap
+    return times, gap
 
 
 @dataclass

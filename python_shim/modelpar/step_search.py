@@ -29,6 +29,16 @@ runs as one Program, like a step-mode pipeline; in split mode
 (the loss outside the compiled function) only GPipe pipelines can be split
 at the backward (split_phases needs a pipeline's stages), so only they are
 searched.
+
+Over a process group (``devices="world"``), rank 0 times the nodes and
+measures the cores, and every rank searches with its numbers (Note
+[Measured once, planned everywhere] in first_rank.py), so every rank picks
+the same plan; the ranks are costed as CPU workers of this machine (threads
+sharing its cores, transfers at the profile's in-process cost), and the
+one-device plan is not a candidate (the other ranks would idle). Under
+``materialize`` (Note [Planning without running] in materialize.py) the
+parameters are not initialised yet: nothing is timed, and the search ranks
+the candidates on the machine profile alone.
 """
 
 from __future__ import annotations
@@ -61,15 +71,26 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
     Raises:
         PlanDoesNotFitError: no candidate fits (each one's reason listed).
     """
+    from . import distributed
     from .cpu_profile import measures_nodes
     from .strategy import search_strategy
     with contextlib.ExitStack() as stack:
-        if values is not None and measures_nodes(opts.executor_device_map):
+        if values is not None and measures_nodes(opts.executor_device_map) \
+                and not distributed.plan_only:
             counts = _microbatch_counts(opts.devices, batch)
             step_us = json.loads(Path(machine).read_text()).get("step_overhead_us", 0.0) \
                 if machine is not None else 0.0
-            graph, fixed_us, launch, cores = _profiled(graph, batch, values, opts.devices,
-                                                       counts, step_us)
+
+            def measure() -> tuple[list[float], float, dict[int, float], float]:
+                return _measured(graph, batch, values, opts.devices, counts, step_us)
+            if opts.world:  # Note [Measured once, planned everywhere] in first_rank.py
+                from .first_rank import from_first_rank, measure_wait_s
+                times, fixed_us, launch, cores = from_first_rank(
+                    measure, opts.process_group, f"the step's node times at batch {batch}",
+                    measure_wait_s(opts.peer_timeout))
+            else:
+                times, fixed_us, launch, cores = measure()
+            graph = _C.apply_profile(graph, times)
             if machine is not None:
                 machine = _with_measured(machine, fixed_us, cores, stack)
                 record.search_microbatch_launch_us = launch
@@ -79,17 +100,18 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
                                memory=opts.memory, loss_reduction=options["loss_reduction"],
                                allow_random=options["allow_random"],
                                batch_norm=options["batch_norm"], portals=options["portals"],
-                               schedules=("gpipe",) if split else (), one_device=not split,
+                               schedules=("gpipe",) if split else (),
+                               one_device=not split and not opts.world,
                                placements=not split,
                                microbatches=_microbatch_counts(opts.devices, batch),
                                microbatch_launch_us=record.search_microbatch_launch_us)
 
 
-def _profiled(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
+def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
               counts: list[int], step_us: float
-              ) -> tuple[Any, float, dict[int, float], float]:
-    """``graph`` with every node's time measured on a CPU worker, run on
-    copies of ``values`` (the step may write to its inputs: batch norm's
+              ) -> tuple[list[float], float, dict[int, float], float]:
+    """Every node's time in ``graph`` (microseconds, -1 where not timed),
+    measured on a CPU worker, run on copies of ``values`` (the step may write to its inputs: batch norm's
     running statistics), random inputs of their types for the rest; the
     per-op cost that does not shrink with the batch, at B/2 and per
     micro-batch count of ``counts``; and the cores ``devices`` workers get
@@ -99,9 +121,9 @@ def _profiled(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
     (W(B), W(B/m): the fastest of 7 one-worker runs, each with the fixed
     step cost F, ``step_us``) and every one of its N nodes is taken to cost
     c + b * s_n, so m (W(B/m) - F) - (W(B) - F) = (m - 1) N c; at least the
-    executor's time between ops (profile_graph_gaps). c at m = 2 becomes the
+    executor's time between ops (profile_graph_times). c at m = 2 becomes the
     machine's per-op overhead."""
-    from .planning import example_inputs, profile_graph_gaps
+    from .planning import example_inputs, profile_graph_times
     specs = _C.graph_input_specs(graph)
     symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]
                if isinstance(d, str)}
@@ -130,10 +152,10 @@ def _profiled(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
     # through Python (~30 us). Time the nodes without the modes.
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes():
-        profiled, gap_us = profile_graph_gaps(graph, inputs, runs=5)
+        times, gap_us = profile_graph_times(graph, inputs, runs=5)
         cores = _host_cores(graph, inputs, devices) if devices > 1 else 0.0
         if batch < 4:
-            return profiled, gap_us, {}, cores
+            return times, gap_us, {}, cores
         full_us = _one_worker_us(graph, inputs) - step_us
         launch: dict[int, float] = {}
         for m in sorted({2, *counts}):
@@ -144,7 +166,7 @@ def _profiled(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
             except ExecutionError:  # a step that cannot run at B/m (batch norm of one sample)
                 continue
             launch[m] = max(gap_us, (m * part_us - full_us) / ((m - 1) * max(1, graph.num_nodes)))
-    return profiled, launch.get(2, gap_us), launch, cores
+    return times, launch.get(2, gap_us), launch, cores
 
 
 def _one_worker_us(graph: Any, inputs: list[Any], runs: int = 7) -> float:
