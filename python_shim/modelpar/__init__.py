@@ -42,6 +42,7 @@ from .ir import Graph, Program, load_graph, load_program, parse_graph, parse_pro
 from .options import CompileOptions, resolve_options
 from .distributed import release_unowned
 from .materialize import Materialized, materialize, materialize_all
+from .state_dict import gather_state_dict, owned_state_dict
 from .pipeline_passes import (
     CHECKPOINT_MODES,
     PARTITION_METHODS,
@@ -120,6 +121,8 @@ __all__ = [
     "Materialized",
     "materialize",
     "materialize_all",
+    "gather_state_dict",
+    "owned_state_dict",
     "run_graph",
     "run_program",
     "scope",

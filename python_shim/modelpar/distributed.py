@@ -49,8 +49,9 @@ WORLD = "world"
 _FAULT_PREFIX = "modelpar/fault/"
 
 
-def group_of(process_group: Any) -> Any:
-    """``process_group``, or the default group when None.
+def group_of(process_group: Any, who: str = "modelpar options: devices='world'") -> Any:
+    """``process_group``, or the default group when None; ``who`` starts
+    the error messages.
 
     Raises:
         ConfigError: torch.distributed is not available or not initialised,
@@ -58,10 +59,9 @@ def group_of(process_group: Any) -> Any:
     """
     import torch.distributed as dist
     if not dist.is_available():
-        raise ConfigError("modelpar options: devices='world' needs torch.distributed, which this "
-                          "build of PyTorch lacks")
+        raise ConfigError(f"{who} needs torch.distributed, which this build of PyTorch lacks")
     if not dist.is_initialized():
-        raise ConfigError("modelpar options: devices='world' needs an initialised process group; "
+        raise ConfigError(f"{who} needs an initialised process group; "
                           "call torch.distributed.init_process_group('gloo') (or 'nccl') first, "
                           "or launch with torchrun, which sets the environment it reads")
     if process_group is None:
@@ -306,7 +306,16 @@ _read_here: dict[int, Any] = {}
 _read_elsewhere: dict[int, Any] = {}
 
 
-_bound_on: dict[int, tuple[Any, int]] = {}  # parameter -> the rank that binds it
+_bound_on: dict[int, tuple[Any, int]] = {}  # tensor input -> the rank that binds it
+
+
+def home_rank(t: Any) -> int | None:
+    """The rank whose compiled steps bind ``t`` (a parameter or buffer given
+    to them as an input): the rank that updates it (its optimizer, or batch
+    norm's running statistics in place), whose copy is current; None when
+    no step took ``t`` (every rank's copy is the same)."""
+    seen = _bound_on.get(id(t))
+    return seen[1] if seen is not None and seen[0]() is t else None
 
 #: Set by materialize(): RankExecutor.run notes its inputs, then raises Planned.
 plan_only = False
@@ -336,18 +345,18 @@ def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int) -> No
         if not isinstance(t, torch.Tensor):
             continue
         (_read_here if d == rank else _read_elsewhere)[id(t)] = weakref.ref(t)
-        if isinstance(t, torch.nn.Parameter):
-            seen = _bound_on.get(id(t))
-            if seen is not None and seen[0]() is t and seen[1] != d:
-                raise ExecutionError(
-                    f"modelpar distributed: this graph binds a parameter of shape "
-                    f"{tuple(t.shape)} on rank {d}, but an earlier graph bound it on rank "
-                    f"{seen[1]}, whose optimizer updates it; rank {d}'s copy is stale, so this "
-                    "graph would compute with old weights (Note [One home per parameter]). "
-                    "Graphs planned apart (an inference graph under no_grad) must place "
-                    "parameters as the training step does; not yet supported over a "
-                    "process group: run inference in the training graph's placement")
-            _bound_on[id(t)] = (weakref.ref(t), d)
+        seen = _bound_on.get(id(t))
+        if isinstance(t, torch.nn.Parameter) and seen is not None and seen[0]() is t \
+                and seen[1] != d:
+            raise ExecutionError(
+                f"modelpar distributed: this graph binds a parameter of shape "
+                f"{tuple(t.shape)} on rank {d}, but an earlier graph bound it on rank "
+                f"{seen[1]}, whose optimizer updates it; rank {d}'s copy is stale, so this "
+                "graph would compute with old weights (Note [One home per parameter]). "
+                "Graphs planned apart (an inference graph under no_grad) must place "
+                "parameters as the training step does; not yet supported over a "
+                "process group: run inference in the training graph's placement")
+        _bound_on[id(t)] = (weakref.ref(t), d)
 
 
 def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:

@@ -65,8 +65,15 @@ def _summed(t: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
 
 
 def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = None) -> None:
-    """extra: "release" (release_unowned after the first step) or "trace" (the
-    trace option, files in $MODELPAR_TEST_TRACE_DIR)."""
+    """pipeline: a schedule, "none" (m-ETF) or "auto" (strategy="auto").
+    extra: "release" (release_unowned after the first step), "trace" (the
+    trace option, files in $MODELPAR_TEST_TRACE_DIR), "meta" (built on meta,
+    materialized) or "own-cache" (each rank its own profile cache,
+    $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on)."""
+    if extra == "own-cache":
+        os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["MODELPAR_TEST_CACHE_ROOT"],
+                                                    f"rank{dist.get_rank()}")
+        os.environ.pop("MODELPAR_CPU_PROFILE", None)
     release = extra == "release"
     meta = extra == "meta"
     trace_dir = os.environ["MODELPAR_TEST_TRACE_DIR"] if extra == "trace" else None
@@ -82,7 +89,9 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         model = case.make_model().to(dev)
         eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
-    if pipeline and pipeline != "none":
+    if pipeline == "auto":
+        options["strategy"] = "auto"
+    elif pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
     if trace_dir:
         options["trace"] = os.path.join(trace_dir, "step.json")
@@ -143,6 +152,21 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         dist.all_reduce(mine)
         tol.assert_close(mine, dict(eager.named_parameters())[n].detach(),
                          msg=lambda m: f"parameter {n} after {steps} steps: {m}")
+    # The state for a checkpoint: each entry in exactly one rank's shard, and
+    # gathered on rank 0 it equals eager's state (parameters and buffers).
+    shard = sorted(modelpar.owned_state_dict(model))
+    gathered = modelpar.gather_state_dict(model)
+    if dist.get_rank() == 0:
+        want = eager.state_dict()
+        assert list(gathered) == list(want), (list(gathered), list(want))
+        for n, v in want.items():
+            assert gathered[n].device.type == "cpu"
+            if v.is_floating_point():
+                tol.assert_close(gathered[n], v.cpu(), msg=lambda m, n=n: f"state {n}: {m}")
+            else:
+                assert torch.equal(gathered[n], v.cpu()), n
+    else:
+        assert gathered == {}
     # An inference graph (no_grad), planned alone: it equals eager, or (when
     # its plan binds a parameter on another rank than training did) every
     # rank refuses it at compile time; never stale weights, never a hang.
@@ -159,7 +183,13 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
             assert "the training step binds it on rank" in str(inner), str(inner)
             inference = "refused"
     own = sorted(owners)
-    _result(rank=dist.get_rank(), losses=losses, owned=own,
+    searched = None
+    if pipeline == "auto":
+        rec = next(r for r in modelpar.plans() if r.search is not None)
+        searched = {"machine": rec.search_machine,
+                    "candidates": [(c["label"], c["status"], c["step_us"], c["chosen"])
+                                   for c in rec.candidates]}
+    _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
             plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference,
             traced=traced, materialized=materialized)
 
@@ -271,6 +301,25 @@ def mismatch() -> None:
     raise AssertionError("the plans differ but nothing was raised")
 
 
+def first_rank() -> None:
+    """from_first_rank: rank 0's value reaches every rank; rank 0's error
+    too, with its type when it is modelpar's (Note [Measured once, planned
+    everywhere])."""
+    from modelpar.first_rank import from_first_rank
+    group = dist.distributed_c10d._get_default_group()
+    rank = dist.get_rank()
+    got = from_first_rank(lambda: {"rank": rank, "times": [1.5, -1.0]}, group, "a value", 20.0)
+
+    def fails() -> None:
+        raise modelpar.PlanDoesNotFitError("layer fc1 needs 9 MiB on device 0")
+    try:
+        from_first_rank(fails, group, "the node times", 20.0)
+    except modelpar.PlanDoesNotFitError as e:
+        _result(rank=rank, got=got, error=str(e))
+        return
+    raise AssertionError("rank 0's error did not reach this rank")
+
+
 def main() -> None:
     backend = os.environ.get("MODELPAR_DIST_BACKEND", "gloo")
     if backend == "nccl":
@@ -287,6 +336,8 @@ def main() -> None:
             fault(args[0], int(args[1]))
         elif scenario == "mismatch":
             mismatch()
+        elif scenario == "first-rank":
+            first_rank()
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except BaseException:

@@ -80,6 +80,26 @@ def _all_ok(runs: list[tuple[int, dict | None, str]]) -> list[dict]:
     return [r for _, r, _ in runs]
 
 
+def test_state_dicts_refuse_bad_input() -> None:
+    import torch.distributed as dist
+    model = torch.nn.Linear(3, 2)
+    with pytest.raises(modelpar.ConfigError,
+                       match="modelpar gather_state_dict needs an initialised process group"):
+        modelpar.gather_state_dict(model)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(modelpar.ConfigError, match=r"dst=1 is not a rank of the group \(0 to 0\)"):
+            modelpar.gather_state_dict(model, dst=1)
+        with pytest.raises(modelpar.ConfigError, match="expected a torch.nn.Module, got dict"):
+            modelpar.owned_state_dict({"w": torch.ones(1)})
+        # One rank, no step run: rank 0 is every entry's home.
+        got = modelpar.gather_state_dict(model)
+        assert list(got) == ["weight", "bias"] and torch.equal(got["weight"], model.weight)
+        assert list(modelpar.owned_state_dict(model)) == ["weight", "bias"]
+    finally:
+        dist.destroy_process_group()
+
+
 @pytest.mark.parametrize("world,case", [(2, "mlp"), (4, "mlp"), (2, "cnn"), (4, "gpt")])
 def test_training_over_ranks_equals_eager(world: int, case: str) -> None:
     results = _all_ok(_launch(world, "train", case, "3"))
@@ -95,6 +115,11 @@ def test_training_over_ranks_equals_eager(world: int, case: str) -> None:
     # rank (GPT's tied embedding), it is refused, never run on stale weights.
     if case == "mlp":
         assert all(r["inference"] == "ok" for r in results), results
+    # owned_state_dict: the shards split the state, no entry twice or missing
+    # (gather_state_dict on rank 0 equals eager's: checked in the worker).
+    shards = [n for r in results for n in r["shard"]]
+    model = __import__("models").CASES[case].make_model()
+    assert sorted(shards) == sorted(model.state_dict())
 
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "gpipe"), (2, "mlp", "1f1b"),
@@ -106,6 +131,46 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
     assert all("pipeline" in r["plan"] for r in results)
     # Stage s on rank s: every rank owns parameters.
     assert all(r["owned"] for r in results), [r["owned"] for r in results]
+
+
+@pytest.mark.parametrize("world,case", [(2, "mlp"), (2, "cnn")])
+def test_auto_strategy_over_ranks_plans_on_rank_0s_measurements(world: int, case: str,
+                                                                 tmp_path, monkeypatch) -> None:
+    # strategy="auto" with the calibrated CPU profile on, each rank with its
+    # own cache: rank 0 has none (it calibrates the CPU while the others
+    # wait), rank 1 a corrupt one that planning must never read. Rank 0
+    # then times the step's nodes; every rank searches on its numbers (Note
+    # [Measured once, planned everywhere]) and so lists the same candidates
+    # with the same simulated times to the last digit and runs the same
+    # plan, which trains like eager (the worker checks losses, gradients,
+    # parameters over 3 steps).
+    monkeypatch.setenv("MODELPAR_TEST_CACHE_ROOT", str(tmp_path))
+    corrupt = tmp_path / "rank1" / "modelpar"
+    corrupt.mkdir(parents=True)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "rank1"))
+    monkeypatch.delenv("MODELPAR_CPU_PROFILE", raising=False)
+    from modelpar import cpu_profile
+    Path(cpu_profile._cache_file(1)).write_text("not a profile")
+    monkeypatch.undo()
+    monkeypatch.setenv("MODELPAR_TEST_CACHE_ROOT", str(tmp_path))
+    results = _all_ok(_launch(world, "train", case, "3", "auto", "own-cache"))
+    searched = [r["searched"] for r in results]
+    assert all(s == searched[0] for s in searched), searched
+    assert json.loads(searched[0]["machine"])["calibration"]["threads"] == 1
+    labels = [label for label, *_ in searched[0]["candidates"]]
+    assert "one-device" not in labels and any(label.startswith("placement") for label in labels)
+    assert sum(chosen for *_, chosen in searched[0]["candidates"]) == 1
+    assert all(r["losses"] == results[0]["losses"] for r in results)
+
+
+def test_what_rank_0_measures_or_raises_reaches_every_rank() -> None:
+    results = _all_ok(_launch(2, "first-rank"))
+    for r in results:
+        assert r["got"] == {"rank": 0, "times": [1.5, -1.0]}, r
+    assert results[0]["error"] == "layer fc1 needs 9 MiB on device 0"
+    assert results[1]["error"] == ("modelpar distributed: rank 0 failed to measure the node "
+                                   "times, which every rank plans with: PlanDoesNotFitError: "
+                                   "layer fc1 needs 9 MiB on device 0")
 
 
 @pytest.mark.parametrize("schedule", ["none", "gpipe"])
@@ -213,8 +278,7 @@ def test_devices_other_than_the_group_size_is_a_config_error() -> None:
         with pytest.raises(modelpar.ConfigError, match="not yet supported over a process group"):
             modelpar.resolve_options({"devices": "world", "cuda_graphs": True})
         assert modelpar.resolve_options({"devices": "world", "trace": "t.json"}).trace == "t.json"
-        with pytest.raises(modelpar.ConfigError, match="strategy='auto' is not yet supported over"):
-            modelpar.resolve_options({"devices": "world", "strategy": "auto"})
+        assert modelpar.resolve_options({"devices": "world", "strategy": "auto"}).strategy == "auto"
         opts = modelpar.resolve_options({"devices": "world", "peer_timeout": 5})
         assert (opts.world, opts.devices, opts.peer_timeout) == (True, 1, 5.0)
     finally:
