@@ -96,11 +96,14 @@ TEST(Simulate, AddsTheMachinesStepOverheadOnce) {
   EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 61.0);
 }
 
-// Note [Shared host cores]: the diamond's devices compute 30 + 25 us. On
-// one core that is the step, 55 us (not the 38 of two cores), plus the step
-// overhead; on 1.25 cores 55 / 1.25 = 44 us; on two the timeline's 38 us
-// stands (27.5 < 38). The timeline itself is unchanged.
-TEST(Simulate, SharedHostCoresBoundTheStepByTheComputeOverThem) {
+// Note [Shared host cores]: the diamond's devices compute 30 + 25 us
+// (device 0: a 0..10, b 10..30; device 1: c 13..33, d 33..38), both at once
+// during 13..30 (17 us). On one core the step is their sum, 55 us (the
+// 38-us timeline stretched by (2/1 - 1) * 17 = 17, and the bound 55 / 1),
+// plus the step overhead; on 1.25 cores 38 + (2/1.25 - 1) * 17 = 48.2 us
+// (above the bound 55 / 1.25 = 44); on 1.5 cores 38 + 17/3 us; on two the
+// timeline's 38 us stands. The timeline itself is unchanged.
+TEST(Simulate, SharedHostCoresStretchWhatOverlapsAndBoundTheStep) {
   ir::Graph g = ir::parseGraph(kDiamondNoLayers);
   DeviceModel m = machine(2);
   ir::Program p = lower(g, placeMEtf(g, m));
@@ -112,7 +115,9 @@ TEST(Simulate, SharedHostCoresBoundTheStepByTheComputeOverThem) {
   EXPECT_DOUBLE_EQ(one.end_us[1].back(), 38.0);  // run %d ends where it did
   m.setStepOverheadUs(0.0);
   m.setHostCores(1.25);
-  EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 44.0);
+  EXPECT_NEAR(simulate(p, m).step_time_us, 48.2, 1e-9);
+  m.setHostCores(1.5);
+  EXPECT_NEAR(simulate(p, m).step_time_us, 38.0 + 17.0 / 3.0, 1e-9);
   m.setHostCores(2.0);
   EXPECT_DOUBLE_EQ(simulate(p, m).step_time_us, 38.0);
 }
