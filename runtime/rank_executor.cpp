@@ -6,6 +6,11 @@
 #include "runtime/rank_executor.h"
 
 #include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
 #include <utility>
 
 #include <ATen/core/Tensor.h>
@@ -35,7 +40,9 @@ namespace modelpar::runtime {
 // lists issue them in. The verifier's deadlock freedom carries over because
 // the semantics are the Program's own (Note [Program semantics]):
 //
-//   send  posts group.send and returns at once (buffered); the Work and the
+//   send  posts group.send and returns at once (buffered; over Gloo the
+//         sender thread posts it: Note [Issuing sends off the compute
+//         thread]); the Work and the
 //         sent tensor are kept until the end of the step, or until a later
 //         `run` that writes an input in place reads memory a pending send
 //         reads (that send is finished first: the fence of Note [Lifetime of
@@ -82,12 +89,108 @@ std::string errorText(const std::exception& e) {
   return e.what();
 }
 
-// A pending send: its Work and the tensors it reads (kept alive until done).
+// Note [Issuing sends off the compute thread]: with Gloo, posting a send
+// (ProcessGroupGloo::send) returns in ~40 us on an idle machine but takes
+// 0.1-0.3 ms, and now and then 3-5 ms, while the peer process computes on
+// the other core (measured on a 2-vCPU VM: a 1F1B step over 2 ranks spent
+// 10 ms of its 64 ms in its 16 sends' issue, two of them 3 and 5 ms, each
+// stalling the rank that issued it and so the pipeline). Over Gloo the
+// rank executor therefore hands each send to a thread of its own, which
+// issues them in order (c10d matches by peer and tag, so the order against
+// the receives the compute thread posts does not matter); the compute
+// thread goes on at once and waits only where it waited before: at a fence
+// (an op that writes memory a pending send reads) and at the end of the
+// step, each now first for the send to be issued. NCCL's calls on one
+// communicator must come from one thread at a time, and cost only a kernel
+// launch, so over NCCL the compute thread issues them itself.
+
+// One send handed to the sender thread: filled in when it is issued.
+struct IssuedSend {
+  std::mutex m;
+  std::condition_variable cv;
+  bool issued = false;
+  c10::intrusive_ptr<c10d::Work> work;
+  std::string error;  // the issue failed
+};
+
+// The thread that issues a rank's sends (Note [Issuing sends off the
+// compute thread]).
+class Sender {
+ public:
+  explicit Sender(c10::intrusive_ptr<c10d::ProcessGroup> group)
+      : group_(std::move(group)), thread_([this] { loop(); }) {}
+  ~Sender() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    thread_.join();
+  }
+  Sender(const Sender&) = delete;
+  Sender& operator=(const Sender&) = delete;
+
+  std::shared_ptr<IssuedSend> post(std::vector<at::Tensor> tensors, int peer, int tag) {
+    auto slot = std::make_shared<IssuedSend>();
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      jobs_.push_back({std::move(tensors), peer, tag, slot});
+    }
+    cv_.notify_one();
+    return slot;
+  }
+
+ private:
+  struct Job {
+    std::vector<at::Tensor> tensors;
+    int peer;
+    int tag;
+    std::shared_ptr<IssuedSend> slot;
+  };
+  void loop() {
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(m_);
+        cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;  // stopping, nothing left
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      c10::intrusive_ptr<c10d::Work> work;
+      std::string error;
+      try {
+        work = group_->send(job.tensors, job.peer, job.tag);
+      } catch (const std::exception& e) {
+        error = errorText(e);
+      }
+      {
+        std::lock_guard<std::mutex> lock(job.slot->m);
+        job.slot->work = std::move(work);
+        job.slot->error = std::move(error);
+        job.slot->issued = true;
+      }
+      job.slot->cv.notify_all();
+    }
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> group_;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<Job> jobs_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+// A pending send: its Work (or, over Gloo, the sender thread's slot for it)
+// and the tensors it reads (kept alive until done).
 struct Pending {
   c10::intrusive_ptr<c10d::Work> work;
   std::vector<at::Tensor> keep;
   size_t instruction = 0;
   int peer = -1;
+  std::shared_ptr<IssuedSend> slot;
+  ir::Instruction inst;  // for messages (instruction may be past the list: sendHome)
 };
 
 }  // namespace
@@ -103,7 +206,11 @@ class RankExecutor::Impl {
                 program_.numDevices(), " devices but the process group has ", size_,
                 " ranks; plan with devices equal to the world size (devices='world')");
     if (options_.verify) ir::verify(program_);
-    if (group_->getBackendName() == "nccl") checkPairOrder(program_);
+    if (group_->getBackendName() == "nccl") {
+      checkPairOrder(program_);
+    } else {  // Note [Issuing sends off the compute thread]
+      sender_ = std::make_unique<Sender>(group_);
+    }
     const ir::Graph& g = program_.graph();
     ops_.reserve(g.numNodes());
     writes_.resize(g.numNodes());
@@ -167,7 +274,8 @@ class RankExecutor::Impl {
           step(i, sched[i]);
           const Span span{start, sinceStep()};
           trace_.host[static_cast<size_t>(rank_)][i] = span;
-          // A send's track shows its issue (the transfer itself runs in c10d).
+          // A send's track shows its hand-off (to the sender thread over
+          // Gloo, to c10d over NCCL); the transfer itself runs in c10d.
           if (sched[i].kind == Kind::Send) trace_.transfer[static_cast<size_t>(rank_)][i] = span;
         }
       } else {
@@ -228,8 +336,7 @@ class RankExecutor::Impl {
       if (holders_[k] != rank_) continue;
       const ir::ValueId v = g.outputs()[k];
       for (at::Tensor& t : frame(env_[static_cast<size_t>(v)], g.value(v).type, options_.device)) {
-        std::vector<at::Tensor> one{t};
-        pending_.push_back({group_->send(one, home, static_cast<int>(v)), std::move(one), end, home});
+        issueSend({t}, home, static_cast<int>(v), end, ir::Instruction::send(v, home));
       }
     }
     for (const auto& [k, home] : moves_) {
@@ -274,17 +381,7 @@ class RankExecutor::Impl {
         } else {
           messages = frame(v, type, options_.device);
         }
-        for (at::Tensor& t : messages) {
-          std::vector<at::Tensor> one{t};
-          c10::intrusive_ptr<c10d::Work> work;
-          try {
-            work = group_->send(one, inst.peer, static_cast<int>(inst.value));
-          } catch (const std::exception& e) {
-            throw PeerError(c10::str(where(i, inst), ": the send to rank ", inst.peer,
-                                     " failed: ", errorText(e)), inst.peer);
-          }
-          pending_.push_back({std::move(work), std::move(one), i, inst.peer});
-        }
+        for (at::Tensor& t : messages) issueSend({t}, inst.peer, static_cast<int>(inst.value), i, inst);
         return;
       }
       case Kind::Recv: {
@@ -439,15 +536,46 @@ class RankExecutor::Impl {
     pending_.clear();
   }
 
+  // Posts one message of instruction i (`inst`): on the sender thread over
+  // Gloo, here over NCCL (Note [Issuing sends off the compute thread]).
+  void issueSend(std::vector<at::Tensor> one, int peer, int tag, size_t i,
+                 const ir::Instruction& inst) {
+    if (sender_) {
+      std::shared_ptr<IssuedSend> slot = sender_->post(one, peer, tag);
+      pending_.push_back({{}, std::move(one), i, peer, std::move(slot), inst});
+      return;
+    }
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = group_->send(one, peer, tag);
+    } catch (const std::exception& e) {
+      throw PeerError(c10::str(where(i, inst), ": the send to rank ", peer, " failed: ",
+                               errorText(e)), peer);
+    }
+    pending_.push_back({std::move(work), std::move(one), i, peer, nullptr, inst});
+  }
+
   // Waits (at most the timeout) until the peer has taken send `s`.
   void finishSend(Pending& s) {
     const auto start = Clock::now();
+    if (s.slot) {  // issued by the sender thread: first wait for the issue
+      std::unique_lock<std::mutex> lock(s.slot->m);
+      if (!s.slot->cv.wait_until(lock, start + options_.timeout, [&] { return s.slot->issued; })) {
+        throwPeer(s.instruction, s.inst, s.peer, "did not take what was sent", start,
+                  "the send was never issued");
+      }
+      if (!s.slot->error.empty()) {
+        throw PeerError(c10::str(where(s.instruction, s.inst),
+                                 ": the send to rank ", s.peer, " failed: ", s.slot->error),
+                        s.peer);
+      }
+      s.work = s.slot->work;
+    }
     try {
       s.work->wait(options_.timeout);
       wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
     } catch (const std::exception& e) {
-      throwPeer(s.instruction, program_.schedule(rank_)[s.instruction], s.peer,
-                "did not take what was sent", start, errorText(e));
+      throwPeer(s.instruction, s.inst, s.peer, "did not take what was sent", start, errorText(e));
     }
   }
 
@@ -503,6 +631,7 @@ class RankExecutor::Impl {
   std::vector<std::pair<size_t, int>> moves_;  // output_homes its holder must send
   Env env_;
   std::vector<Pending> pending_;
+  std::unique_ptr<Sender> sender_;  // over Gloo (Note [Issuing sends off the compute thread])
   // A receive posted ahead (Note [Posting receives ahead]).
   struct Posted {
     at::Tensor buffer;

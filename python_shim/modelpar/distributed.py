@@ -25,12 +25,13 @@ Example (``torchrun --nproc-per-node 2 train.py``)::
 from __future__ import annotations
 
 import atexit
+import contextlib
 import gc
 import hashlib
 import re
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -84,6 +85,28 @@ def _wait(work: Any, timeout_s: float, what: str) -> None:
                              f"{e}") from e
 
 
+@contextlib.contextmanager
+def outside_tracing() -> Iterator[None]:
+    """Lifts what AOTAutograd's tracing leaves on for the compilers: its fake
+    mode, Python dispatch modes and the Python dispatcher.
+
+    Note [Collectives outside the tracer's dispatch]: the plans are made,
+    and their hashes and measurements exchanged, inside the compilers, where
+    AOTAutograd has the Python dispatcher on. A c10d call from there goes
+    through it, which takes the GIL, and so holds the GIL while
+    ProcessGroupGloo::enqueue waits for the group's work mutex; the group's
+    worker thread holds that mutex while it destroys the previous
+    collective's work, whose tensors Python made, and that wants the GIL:
+    the process hung (1 in 3 runs of two broadcasts in a row, gdb: the main
+    thread in enqueue under python_dispatcher, pt_gloo_runloop in
+    ~AsyncBroadcastWork -> decref_pyobject -> gil_scoped_acquire)."""
+    from torch._dispatch.python import no_python_dispatcher
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+    from torch.utils._python_dispatch import _disable_current_modes
+    with unset_fake_temporarily(), _disable_current_modes(), no_python_dispatcher():
+        yield
+
+
 def check_same_plan(program_text: str, group: Any, what: str, timeout_s: float) -> None:
     """All-gathers a hash of ``program_text`` over ``group``.
 
@@ -92,8 +115,7 @@ def check_same_plan(program_text: str, group: Any, what: str, timeout_s: float) 
             agree with which.
         ExecutionError: a rank did not take part within ``timeout_s``.
     """
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    with unset_fake_temporarily():  # the compilers run under AOTAutograd's fake mode
+    with outside_tracing():  # Note [Collectives outside the tracer's dispatch]
         _check_same_plan(program_text, group, what, timeout_s)
 
 

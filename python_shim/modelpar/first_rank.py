@@ -62,10 +62,9 @@ def from_first_rank(make: Callable[[], T], group: Any, what: str, timeout_s: flo
         Exception: on rank 0, what ``make`` raised.
     """
     import torch.distributed as dist
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    from .distributed import _wait
-    with unset_fake_temporarily():  # the compilers run under AOTAutograd's fake mode
+    from .distributed import _wait, outside_tracing
+    with outside_tracing():  # Note [Collectives outside the tracer's dispatch]
         first = dist.get_rank(group) == 0
         failure: BaseException | None = None
         payload = b""
