@@ -38,7 +38,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .device_calibration import Target, calibrate
+from .device_calibration import Target, calibrate, profile_from_env
 from .errors import ConfigError
 
 __all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "machine_for",
@@ -81,15 +81,9 @@ def cpu_profile_path(threads: int = 1, *, progress: bool = True) -> str | None:
     if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
         raise ConfigError(f"modelpar cpu profile: threads={threads!r} is not valid; threads takes "
                           "an int >= 1")
-    env = os.environ.get(_ENV, "").strip()
-    if env.lower() == "off":
-        return None
-    if env:
-        if not os.path.isfile(env):
-            raise ConfigError(f"modelpar cpu profile: {_ENV}={env!r} is not a file; give a machine "
-                              "profile JSON (passes/cost/README.md), 'off', or unset it to "
-                              "calibrate this CPU")
-        return env
+    given, named = profile_from_env(_ENV, "cpu", "CPU")
+    if given:
+        return named
     path = _cache_file(threads)
     if path.is_file():
         return str(path)

@@ -37,14 +37,13 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
 import torch
 
 from .cpu_profile import cache_dir, write_profile
-from .device_calibration import Target, calibrate
+from .device_calibration import Target, calibrate, profile_from_env
 from .errors import ConfigError
 
 __all__ = ["cuda_profile_path", "calibrate_cuda", "gpus_of"]
@@ -110,15 +109,9 @@ def cuda_profile_path(device_map: str, *, progress: bool = True) -> str | None:
         ConfigError: ``$MODELPAR_CUDA_PROFILE`` names no file; the map names
             no visible GPU.
     """
-    env = os.environ.get(_ENV, "").strip()
-    if env.lower() == "off":
-        return None
-    if env:
-        if not os.path.isfile(env):
-            raise ConfigError(f"modelpar cuda profile: {_ENV}={env!r} is not a file; give a "
-                              "machine profile JSON (passes/cost/README.md), 'off', or unset it "
-                              "to calibrate this GPU")
-        return env
+    given, named = profile_from_env(_ENV, "cuda", "GPU")
+    if given:
+        return named
     gpus = gpus_of(device_map)
     if not torch.cuda.is_available() or max(gpus) >= torch.cuda.device_count():
         raise ConfigError(f"modelpar cuda profile: device_map={device_map!r} names a GPU this "

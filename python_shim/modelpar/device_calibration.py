@@ -32,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import json
+import os
 import re
 import statistics
 import sys
@@ -42,7 +43,29 @@ from typing import Any
 
 import torch
 
-__all__ = ["Target", "Progress", "calibrate", "median_us"]
+__all__ = ["Target", "Progress", "calibrate", "median_us", "profile_from_env"]
+
+
+def profile_from_env(var: str, kind: str, device: str) -> tuple[bool, str | None]:
+    """Whether ``$var`` decides the machine profile, and which: ``off`` (None:
+    passes' default device) or a profile file's path; (False, None) when it is
+    unset. ``kind`` and ``device`` name the profile and the device in errors
+    ("cpu", "CPU").
+
+    Raises:
+        ConfigError: ``$var`` names no file.
+    """
+    from .errors import ConfigError
+    env = os.environ.get(var, "").strip()
+    if env.lower() == "off":
+        return True, None
+    if env:
+        if not os.path.isfile(env):
+            raise ConfigError(f"modelpar {kind} profile: {var}={env!r} is not a file; give a "
+                              "machine profile JSON (passes/cost/README.md), 'off', or unset it "
+                              f"to calibrate this {device}")
+        return True, env
+    return False, None
 
 
 def _no_wait() -> None:
