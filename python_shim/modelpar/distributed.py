@@ -107,6 +107,15 @@ def outside_tracing() -> Iterator[None]:
         yield
 
 
+def wire_device(group: Any) -> torch.device:
+    """Where the group's backend carries tensors: this rank's current GPU
+    for NCCL, else the CPU."""
+    import torch.distributed as dist
+    if dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def check_same_plan(program_text: str, group: Any, what: str, timeout_s: float) -> None:
     """All-gathers a hash of ``program_text`` over ``group``.
 
@@ -125,9 +134,10 @@ def _check_same_plan(program_text: str, group: Any, what: str, timeout_s: float)
     # (`_lambda__1`), which may differ between ranks; the plan is the rest.
     text = re.sub(r"graph @[^(\s]*\(", "graph @step(", program_text, count=1)
     digest = hashlib.sha256(text.encode()).digest()
-    mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64)
+    wire = wire_device(group)
+    mine = torch.tensor([int.from_bytes(digest[:7], "little")], dtype=torch.int64, device=wire)
     size = dist.get_world_size(group)
-    everyone = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
+    everyone = [torch.zeros(1, dtype=torch.int64, device=wire) for _ in range(size)]
     _wait(dist.all_gather(everyone, mine, group=group, async_op=True), timeout_s,
           f"the plan check of {what} (an all-gather of each rank's plan hash)")
     hashes = [int(t.item()) for t in everyone]

@@ -63,7 +63,7 @@ def from_first_rank(make: Callable[[], T], group: Any, what: str, timeout_s: flo
     """
     import torch.distributed as dist
 
-    from .distributed import _wait, outside_tracing
+    from .distributed import _wait, outside_tracing, wire_device
     with outside_tracing():  # Note [Collectives outside the tracer's dispatch]
         first = dist.get_rank(group) == 0
         failure: BaseException | None = None
@@ -76,18 +76,19 @@ def from_first_rank(make: Callable[[], T], group: Any, what: str, timeout_s: flo
                 failure = e
                 payload = pickle.dumps(_Failed(e))
         src = dist.get_global_rank(group, 0)
-        size = torch.tensor([len(payload)], dtype=torch.int64)
+        wire = wire_device(group)  # NCCL carries GPU tensors only
+        size = torch.tensor([len(payload)], dtype=torch.int64, device=wire)
         _wait(dist.broadcast(size, src=src, group=group, async_op=True), timeout_s,
               f"{what} (rank 0 measures it, then sends it to every rank)")
-        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if first
-                else torch.empty(int(size.item()), dtype=torch.uint8))
+        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(wire) if first
+                else torch.empty(int(size.item()), dtype=torch.uint8, device=wire))
         _wait(dist.broadcast(data, src=src, group=group, async_op=True), timeout_s,
               f"{what} (rank 0 sends it to every rank)")
         if failure is not None:
             raise failure
         if first:
             return value
-        got = pickle.loads(data.numpy().tobytes())
+        got = pickle.loads(data.cpu().numpy().tobytes())
         if isinstance(got, _Failed):
             # modelpar's own errors keep their type (a plan that does not fit
             # is PlanDoesNotFitError on every rank); others become ExecutionError.

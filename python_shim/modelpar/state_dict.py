@@ -84,7 +84,7 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
     """
     import torch.distributed as dist
 
-    from .distributed import _wait
+    from .distributed import _wait, wire_device
     group, rank, size = _group(process_group, "gather_state_dict")
     if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size:
         raise ConfigError(f"modelpar gather_state_dict: dst={dst!r} is not a rank of the "
@@ -100,7 +100,7 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
             if home == dst:
                 value = t.detach().to("cpu", copy=True)
             else:
-                value = torch.empty(t.shape, dtype=t.dtype, device=_wire_device(group))
+                value = torch.empty(t.shape, dtype=t.dtype, device=wire_device(group))
                 _wait(dist.irecv(value, src=dist.get_global_rank(group, home), group=group,
                                  tag=index), timeout_s,
                       f"gather_state_dict: receiving {name} from rank {home}")
@@ -109,17 +109,9 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
             out[name] = value
         elif rank == home and id(t) not in sent:
             sent[id(t)] = t
-            data = t.detach().contiguous().to(_wire_device(group))
+            data = t.detach().contiguous().to(wire_device(group))
             _wait(dist.isend(data, dst=dist.get_global_rank(group, dst), group=group,
                              tag=index), timeout_s,
                   f"gather_state_dict: sending {name} to rank {dst}")
     return out
 
-
-def _wire_device(group: Any) -> torch.device:
-    """Where the group's backend carries tensors: the current GPU for NCCL,
-    else the CPU."""
-    import torch.distributed as dist
-    if dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
