@@ -39,6 +39,7 @@ def measure_wait_s(peer_timeout_s: float) -> float:
     that fails while measuring sends its error at once."""
     return 20.0 * peer_timeout_s
 
+
 T = TypeVar("T")
 
 

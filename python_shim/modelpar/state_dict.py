@@ -44,8 +44,9 @@ def _group(process_group: Any, who: str) -> tuple[Any, int, int]:
     Raises:
         ConfigError: no initialised process group.
     """
-    from .distributed import group_of
     import torch.distributed as dist
+
+    from .distributed import group_of
     group = group_of(process_group, f"modelpar {who}")
     return group, dist.get_rank(group), dist.get_world_size(group)
 
@@ -90,28 +91,25 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
         raise ConfigError(f"modelpar gather_state_dict: dst={dst!r} is not a rank of the "
                           f"group (0 to {size - 1})")
     out: OrderedDict[str, torch.Tensor] = OrderedDict()
-    sent: dict[int, torch.Tensor] = {}  # a tied tensor travels once
+    first_of: dict[int, str] = {}  # a tied tensor travels once, under its first name
     for index, (name, t) in enumerate(_entries(module)):
-        home = _home(t)
-        if rank == dst and id(t) in sent:
-            out[name] = sent[id(t)]
+        if id(t) in first_of:
+            if rank == dst:
+                out[name] = out[first_of[id(t)]]
             continue
-        if rank == dst:
-            if home == dst:
-                value = t.detach().to("cpu", copy=True)
-            else:
-                value = torch.empty(t.shape, dtype=t.dtype, device=wire_device(group))
-                _wait(dist.irecv(value, src=dist.get_global_rank(group, home), group=group,
-                                 tag=index), timeout_s,
-                      f"gather_state_dict: receiving {name} from rank {home}")
-                value = value.cpu()
-            sent[id(t)] = value
-            out[name] = value
-        elif rank == home and id(t) not in sent:
-            sent[id(t)] = t
+        first_of[id(t)] = name
+        home = _home(t)
+        if rank == dst and home == dst:
+            out[name] = t.detach().to("cpu", copy=True)
+        elif rank == dst:
+            value = torch.empty(t.shape, dtype=t.dtype, device=wire_device(group))
+            _wait(dist.irecv(value, src=dist.get_global_rank(group, home), group=group,
+                             tag=index), timeout_s,
+                  f"gather_state_dict: receiving {name} from rank {home}")
+            out[name] = value.cpu()
+        elif rank == home:
             data = t.detach().contiguous().to(wire_device(group))
             _wait(dist.isend(data, dst=dist.get_global_rank(group, dst), group=group,
                              tag=index), timeout_s,
                   f"gather_state_dict: sending {name} to rank {dst}")
     return out
-

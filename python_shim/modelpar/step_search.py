@@ -113,8 +113,9 @@ def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
               counts: list[int], step_us: float
               ) -> tuple[list[float], float, dict[int, float], float]:
     """Every node's time in ``graph`` (microseconds, -1 where not timed),
-    measured on a CPU worker, run on copies of ``values`` (the step may write to its inputs: batch norm's
-    running statistics), random inputs of their types for the rest; the
+    measured on a CPU worker, run on copies of ``values`` (the step may
+    write to its inputs: batch norm's running statistics), random inputs of
+    their types for the rest, and anchored to the whole step; the
     per-op cost that does not shrink with the batch, at B/2 and per
     micro-batch count of ``counts``; and the cores ``devices`` workers get
     (_host_cores; 0 when not measured).
