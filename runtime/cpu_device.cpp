@@ -13,6 +13,7 @@
 
 #include "runtime/check.h"
 #include "runtime/device.h"
+#include "runtime/spin_wait.h"
 #include "runtime/threads.h"
 
 // Note [CPU streams]
@@ -99,11 +100,26 @@ class CpuStream final : public Stream {
     return completed_ >= ticket && !fault_;
   }
 
-  /// Waits until `ticket` items have finished. Throws Cancelled, or the
-  /// exception a closure of this stream threw.
+  /// Waits until `ticket` items have finished, running queued items itself
+  /// when the stream's thread is not running one (Note [Waiters run the
+  /// copy]). Throws Cancelled, or the exception a closure of this stream threw.
   void waitFor(uint64_t ticket) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return completed_ >= ticket || cancelled_->load(); });
+    while (completed_ < ticket && !cancelled_->load()) {
+      if (canHelp()) {
+        runFront(lock);
+        continue;
+      }
+      // The stream's thread runs an item: poll for its end first (Note
+      // [Spinning before sleeping]), then sleep until it or a cancel comes.
+      const uint64_t seen = completed_;
+      lock.unlock();
+      const bool moved = spinUntil([&] { return completed_.load() != seen || cancelled_->load(); });
+      lock.lock();
+      if (!moved) {
+        cv_.wait(lock, [&] { return completed_ >= ticket || cancelled_->load() || canHelp(); });
+      }
+    }
     if (cancelled_->load()) throw Cancelled();
     if (fault_) std::rethrow_exception(fault_);
   }
@@ -122,31 +138,47 @@ class CpuStream final : public Stream {
   }
 
  private:
+  // Note [Waiters run the copy]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // An asynchronous stream's items run in order, one at a time, on its own
+  // thread, which sleeps while the queue is empty. A worker that has to wait
+  // for an item (a recv waiting for its copy) and finds it still queued, with
+  // no item running, runs it itself instead of waiting for the stream's
+  // thread to wake up: on a VM that wake-up took 30-80 us (a 2-device
+  // pipeline's hand-offs, traced), far longer than copying a small tensor.
+  // The items still run in issue order and never two at once (`running_`),
+  // so the events recorded on the stream mean what they meant.
+  bool canHelp() const { return !running_ && !queue_.empty(); }
+
+  /// Runs the front item on the calling thread; `lock` holds mu_ on entry
+  /// and on return.
+  void runFront(std::unique_lock<std::mutex>& lock) {
+    std::function<void()> fn = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    lock.unlock();
+    if (!cancelled_->load()) {
+      try {
+        fn();
+      } catch (const Cancelled&) {
+      } catch (...) {
+        std::lock_guard<std::mutex> fault_lock(mu_);
+        if (!fault_) fault_ = std::current_exception();
+      }
+    }
+    fn = nullptr;  // drop what the closure holds before counting it done
+    lock.lock();
+    running_ = false;
+    ++completed_;
+    cv_.notify_all();
+  }
+
   void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      std::function<void()> fn;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        fn = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      if (!cancelled_->load()) {
-        try {
-          fn();
-        } catch (const Cancelled&) {
-        } catch (...) {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (!fault_) fault_ = std::current_exception();
-        }
-      }
-      fn = nullptr;  // drop what the closure holds before counting it done
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++completed_;
-      }
-      cv_.notify_all();
+      cv_.wait(lock, [&] { return canHelp() || (stop_ && queue_.empty() && !running_); });
+      if (!canHelp()) return;
+      runFront(lock);
     }
   }
 
@@ -156,9 +188,10 @@ class CpuStream final : public Stream {
   std::condition_variable cv_;
   std::deque<std::function<void()>> queue_;
   uint64_t issued_ = 0;
-  uint64_t completed_ = 0;
+  std::atomic<uint64_t> completed_{0};  // written under mu_; polled by spinUntil
   std::exception_ptr fault_;
   bool stop_ = false;
+  bool running_ = false;  // an item runs now (on the stream's thread or a waiter)
   std::thread thread_;
 };
 

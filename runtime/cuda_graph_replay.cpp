@@ -92,7 +92,7 @@ c10::cuda::CUDAStream cudaOf(Stream& s) {
 
 class CudaGraphCapture final : public GraphCapture {
  public:
-  CudaGraphCapture(const ir::Program& p, std::vector<Lane>& lanes, std::vector<Mail>& mail)
+  CudaGraphCapture(const ir::Program& p, std::vector<Lane>& lanes, std::deque<Mail>& mail)
       : lanes_(lanes),
         order_(graphSegments(p)),
         by_device_(lanes.size()),
@@ -259,7 +259,7 @@ class CudaGraphCapture final : public GraphCapture {
 }  // namespace
 
 std::unique_ptr<GraphCapture> createCudaGraphCapture(const ir::Program& p, std::vector<Lane>& lanes,
-                                                     std::vector<Mail>& mail) {
+                                                     std::deque<Mail>& mail) {
   return std::make_unique<CudaGraphCapture>(p, lanes, mail);
 }
 

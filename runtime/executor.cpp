@@ -8,6 +8,7 @@
 #include "ir/printer.h"
 #include "runtime/check.h"
 #include "runtime/executor_impl.h"
+#include "runtime/spin_wait.h"
 #include "runtime/value_types.h"
 
 // Note [Executor stream protocol]
@@ -243,6 +244,7 @@ void Executor::Impl::recv(int d, const Step& s) {
   Lane& lane = lanes_[static_cast<size_t>(d)];
   Mail& m = mail_[static_cast<size_t>(s.mail)];
   std::optional<std::string> deadlock;
+  spinUntil([&] { return m.posted.load() || cancelled_.load(); });  // Note [Spinning before sleeping]
   {
     std::unique_lock<std::mutex> lock(mail_mu_);
     if (!m.posted) {

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -42,7 +43,7 @@ struct Mail {
   std::unique_ptr<Event> ready;  // sender's compute, after the producer
   std::unique_ptr<Event> done;   // sender's tx stream, after the copy
   c10::IValue value;             // the receiver's copy; read only after `done`
-  bool posted = false;           // guarded by Impl::mail_mu_
+  std::atomic<bool> posted{false};  // written under Impl::mail_mu_; polled by spinUntil
 };
 
 /// One logical device.
@@ -114,7 +115,7 @@ struct GraphReplayState {
 /// Builds the capture of `lanes` (CUDA devices) for one capture step.
 /// Defined in cuda_graph_replay.cpp; null in builds without CUDA.
 std::unique_ptr<GraphCapture> createCudaGraphCapture(const ir::Program& p, std::vector<Lane>& lanes,
-                                                     std::vector<Mail>& mail);
+                                                     std::deque<Mail>& mail);
 
 }  // namespace modelpar::runtime::detail
 
@@ -169,7 +170,7 @@ class Executor::Impl {
   ExecutorOptions options_;
   std::vector<ResolvedOp> ops_;  // by NodeId
   std::vector<Lane> lanes_;
-  std::vector<Mail> mail_;
+  std::deque<Mail> mail_;  // a deque: Mail holds an atomic, so it does not move
 
   // Step control: workers wait for a new generation, run() for pending == 0.
   std::mutex ctl_mu_;

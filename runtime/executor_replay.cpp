@@ -226,7 +226,7 @@ ReplayStatus Executor::replayStatus() const { return impl_->replayStatus(); }
 #ifndef MODELPAR_WITH_CUDA
 std::unique_ptr<detail::GraphCapture> detail::createCudaGraphCapture(const ir::Program&,
                                                                      std::vector<Lane>&,
-                                                                     std::vector<Mail>&) {
+                                                                     std::deque<Mail>&) {
   return nullptr;
 }
 #endif

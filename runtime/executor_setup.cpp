@@ -112,10 +112,9 @@ void Executor::Impl::resolve() {
   // slot nobody posts to (the run-time deadlock check reports it).
   std::map<std::tuple<ir::ValueId, int, int>, int32_t> slot_of;  // (value, from, to)
   auto newSlot = [&](int owner) {
-    Mail m;
+    Mail& m = mail_.emplace_back();
     m.ready = lanes_[static_cast<size_t>(owner)].device->newEvent();
     m.done = lanes_[static_cast<size_t>(owner)].device->newEvent();
-    mail_.push_back(std::move(m));
     return static_cast<int32_t>(mail_.size() - 1);
   };
   for (int d = 0; d < n; ++d) {

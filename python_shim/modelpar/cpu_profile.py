@@ -45,7 +45,7 @@ __all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "
            "machine_for_options", "measures_nodes"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
-_VERSION = 2  # 2: send_overhead_us, worker_overhead_us
+_VERSION = 3  # 2: send_overhead_us, worker_overhead_us; 3: waits spin first (hand-off)
 
 
 def cpu_model_name() -> str:
