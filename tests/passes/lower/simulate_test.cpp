@@ -2,6 +2,8 @@
 // critical path, errors, and the Chrome trace.
 #include "passes/lower/simulate.h"
 
+#include <string>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -207,6 +209,43 @@ device 1 {
 )");
   SimulationReport r = simulate(p, machine(2));
   EXPECT_DOUBLE_EQ(r.step_time_us, 34.0);
+}
+
+// Note [In-order issue]: device 1 receives %b (sent last) before %a; its
+// worker holds at recv %b until 30..33, so run %c, which reads only %a
+// (arrived 10..13), runs 33..38 and %d 38..43, not 13..18 and 33..38.
+// Each received just before its first use, the step is 38.
+TEST(Simulate, RunsWaitForEveryReceiveBeforeThemInProgramOrder) {
+  auto program = [](const char* device1) {
+    return ir::parseProgram(std::string(R"(
+program devices=2
+graph @order(%x: f32[256] input {device=0}) {
+  %a: f32[256] = aten::relu(%x) {device=0, cost={time_us=10.0, out=1024, temp=0, persist=0}}
+  %b: f32[256] = aten::relu(%a) {device=0, cost={time_us=20.0, out=1024, temp=0, persist=0}}
+  %c: f32[256] = aten::relu(%a) {device=1, cost={time_us=5.0, out=1024, temp=0, persist=0}}
+  %d: f32[256] = aten::relu(%b) {device=1, cost={time_us=5.0, out=1024, temp=0, persist=0}}
+  return %c, %d
+}
+device 0 {
+  run %a
+  send %a -> 1
+  run %b
+  send %b -> 1
+}
+device 1 {
+)") + device1 + R"(
+}
+)");
+  };
+  SimulationReport late = simulate(program("  recv %b <- 0\n  recv %a <- 0\n  run %c\n  run %d"), machine(2),
+                                   SimulateOptions{true});
+  EXPECT_DOUBLE_EQ(late.end_us[1][2], 38.0);  // run %c
+  EXPECT_DOUBLE_EQ(late.step_time_us, 43.0);
+  SimulationReport at_use = simulate(
+      program("  recv %a <- 0\n  run %c\n  recv %b <- 0\n  run %d"), machine(2),
+      SimulateOptions{true});
+  EXPECT_DOUBLE_EQ(at_use.end_us[1][1], 18.0);
+  EXPECT_DOUBLE_EQ(at_use.step_time_us, 38.0);
 }
 
 TEST(Simulate, ReportsADeadlockWithTheBlockedInstruction) {
