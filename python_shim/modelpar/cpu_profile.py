@@ -16,8 +16,9 @@ charged to the sender), the fixed cost of a step and of each extra worker.
 A progress bar on stderr shows the calibration. The profile is JSON
 (passes/cost/README.md) at ``<cache>/cpu-<cpu model>-t<threads>.json``,
 ``<cache>`` being ``$XDG_CACHE_HOME/modelpar`` or ``~/.cache/modelpar``
-(``-v2`` in the name: the profile's version, so that a profile without a
-term the simulator now uses is calibrated again).
+(``-v3`` in the name: the profile's version, so that a profile without a
+term the simulator now uses, or measured on an executor that has changed
+how it hands values over, is calibrated again).
 ``MODELPAR_CPU_PROFILE`` overrides: ``off`` plans with passes' default
 device (the test suite sets it, so plans do not depend on the CPU that runs
 the tests); a path uses that profile file.
