@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <limits>
 #include <numeric>
 
@@ -101,6 +102,13 @@ std::string StrategyCandidate::label() const {
                        checkpoint);
   }
   return kind;
+}
+
+bool beatsBest(double step_us, int index, double best_us, int best_index) {
+  if (best_index < 0) return true;
+  const double tie = 1e-9 * std::max(std::abs(best_us), 1.0);
+  if (step_us < best_us - tie) return true;
+  return step_us <= best_us + tie && index < best_index;
 }
 
 const StrategyCandidate& StrategySearch::chosenCandidate() const {
@@ -277,9 +285,8 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
       c.reason = e.what();
     }
     c.plan_seconds = secondsSince(c0);
-    // Ties: the earlier candidate in enumeration order (the simpler plan) wins.
     if (c.status == CandidateStatus::Ok &&
-        (c.step_us < best || (c.step_us == best && static_cast<int>(i) < result.chosen))) {
+        beatsBest(c.step_us, static_cast<int>(i), best, result.chosen)) {
       best = c.step_us;
       result.chosen = static_cast<int>(i);
       result.placement = std::move(placement);

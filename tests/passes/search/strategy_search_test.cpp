@@ -80,6 +80,17 @@ TEST(StrategySearch, ChoosesTheSimulatorsMinimumAndPrunesWhatCannotBeatIt) {
   EXPECT_NE(s.table().find("* "), std::string::npos) << s.table();
 }
 
+// Rounding is a tie, and a tie goes to the earlier (simpler) candidate,
+// whatever order the candidates were planned in.
+TEST(StrategySearch, ATieWithinRoundingGoesToTheEarlierCandidate) {
+  EXPECT_TRUE(beatsBest(500.0, 3, 0.0, -1));             // the first one planned
+  EXPECT_FALSE(beatsBest(116.41999999999999, 1, 116.42, 0));  // m-topo vs one-device
+  EXPECT_TRUE(beatsBest(116.42, 0, 116.41999999999999, 1));   // planned the other way
+  EXPECT_TRUE(beatsBest(116.0, 5, 116.42, 0));           // really faster
+  EXPECT_FALSE(beatsBest(116.42, 0, 116.0, 5));
+  EXPECT_FALSE(beatsBest(116.42, 2, 116.42, 1));
+}
+
 TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCheckpoints) {
   ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
   StrategySearchOptions o;
