@@ -225,8 +225,11 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   for (size_t i : order) {
     StrategyCandidate& c = result.candidates[i];
     if (c.status == CandidateStatus::Failed) continue;  // decided before planning
-    if (o.prune && c.lower_bound_us > best) {
-      c.reason = fmt::format("bound {} > best {}", formatMicros(c.lower_bound_us),
+    // Pruned when even its bound cannot win (a tie within rounding goes to
+    // the earlier candidate, so the one-device plan, whose bound is its
+    // time, is not pruned by a placement that simulates the same step).
+    if (o.prune && !beatsBest(c.lower_bound_us, static_cast<int>(i), best, result.chosen)) {
+      c.reason = fmt::format("bound {} cannot beat best {}", formatMicros(c.lower_bound_us),
                              formatMicros(best));
       continue;
     }
