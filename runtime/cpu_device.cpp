@@ -27,7 +27,8 @@
 //            the device's worker, so issued == completed whenever that thread
 //            looks, and an event recorded on it has already happened. A
 //            block() onto it waits right there, on the worker.
-//   tx->p    asynchronous: a FIFO of closures served by a thread of its own.
+//   tx->p    asynchronous: a FIFO of closures served by a thread of its own
+//            (or by a worker waiting for them: Note [Waiters run the copy]).
 //            block() onto it enqueues a closure that waits for the event, so
 //            the worker goes on issuing while the stream waits.
 //

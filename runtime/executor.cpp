@@ -244,7 +244,8 @@ void Executor::Impl::recv(int d, const Step& s) {
   Lane& lane = lanes_[static_cast<size_t>(d)];
   Mail& m = mail_[static_cast<size_t>(s.mail)];
   std::optional<std::string> deadlock;
-  spinUntil([&] { return m.posted.load() || cancelled_.load(); });  // Note [Spinning before sleeping]
+  // Note [Spinning before sleeping]
+  spinUntil([&] { return m.posted.load() || cancelled_.load(); });
   {
     std::unique_lock<std::mutex> lock(mail_mu_);
     if (!m.posted) {

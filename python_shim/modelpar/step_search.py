@@ -122,10 +122,11 @@ def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
 
     That cost is measured on the step itself: it runs at batch B and B/m
     (W(B), W(B/m): the fastest of their one-worker runs, timed in turns,
-    Note [Timing in rounds]; each with the fixed step cost F, ``step_us``) and every one of its N nodes is taken to cost
-    c + b * s_n, so m (W(B/m) - F) - (W(B) - F) = (m - 1) N c; at least the
-    executor's time between ops (profile_graph_times). c at m = 2 becomes the
-    machine's per-op overhead."""
+    Note [Timing in rounds]; each with the fixed step cost F, ``step_us``)
+    and every one of its N nodes is taken to cost c + b * s_n, so
+    m (W(B/m) - F) - (W(B) - F) = (m - 1) N c; at least the executor's time
+    between ops (profile_graph_times). c at m = 2 becomes the machine's per-op
+    overhead."""
     from .planning import example_inputs, profile_graph_times
     specs = _C.graph_input_specs(graph)
     symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]

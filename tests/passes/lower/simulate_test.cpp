@@ -237,8 +237,9 @@ device 1 {
 }
 )");
   };
-  SimulationReport late = simulate(program("  recv %b <- 0\n  recv %a <- 0\n  run %c\n  run %d"), machine(2),
-                                   SimulateOptions{true});
+  SimulationReport late = simulate(
+      program("  recv %b <- 0\n  recv %a <- 0\n  run %c\n  run %d"), machine(2),
+      SimulateOptions{true});
   EXPECT_DOUBLE_EQ(late.end_us[1][2], 38.0);  // run %c
   EXPECT_DOUBLE_EQ(late.step_time_us, 43.0);
   SimulationReport at_use = simulate(
