@@ -32,19 +32,23 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["Target", "Progress", "calibrate", "median_us", "profile_from_env"]
+__all__ = ["Target", "Progress", "calibrate", "fastest_in_rounds", "median_us",
+           "profile_from_env"]
+
+K = TypeVar("K")
 
 
 def profile_from_env(var: str, kind: str, device: str) -> tuple[bool, str | None]:
@@ -143,6 +147,26 @@ def median_us(fn: Callable[[], object], reps: int, wait: Callable[[], None] = _n
         wait()
         times.append(time.perf_counter_ns() - t0)
     return statistics.median(times) / 1e3
+
+
+def fastest_in_rounds(timers: Mapping[K, Callable[[], float]], rounds: int = 3) -> dict[K, float]:
+    """The smallest of what each timer returns (the fastest of its runs)
+    over ``rounds`` rounds that call the timers in turn.
+
+    Note [Timing in rounds]: the costs measured here and at the search
+    (the per-op overhead, the hand-off) are differences of two timings,
+    so the two must see the same machine. Timed one after the other, a
+    slow spell of a VM (tens to hundreds of ms) could cover one and not
+    the other (looped's per-op overhead at 4 micro-batches measured 10.5
+    us where 2 and 8 measured 4.3 and 4.9; one CPU calibration measured
+    1.7 us per op where the ones before and after measured 0.86). Taken in
+    turns, every timing is made before, during and after such a spell, and
+    each keeps its fastest."""
+    best = {k: float("inf") for k in timers}
+    for _ in range(rounds):
+        for k, timer in timers.items():
+            best[k] = min(best[k], timer())
+    return best
 
 
 def chain(layers: list[str]) -> str:
@@ -248,21 +272,15 @@ def calibrate(target: Target, memory_bytes: int, *, progress: bool = True) -> st
             bar.step(f"copy {nbytes >> 10} KiB")
     finally:
         torch.set_num_threads(saved_threads)
-    # The executor's costs are differences of these steps, each the fastest
-    # of its runs over 3 rounds that take the steps in turn (Note [Timing in
-    # rounds] in step_search.py: a slow spell of the machine lands on every
-    # step, not on one side of a difference; one calibration on a VM had
-    # measured the per-op overhead at 1.7 us where the ones before and after
-    # measured 0.86).
+    # The executor's costs are differences of these steps (Note [Timing in
+    # rounds]).
     k = 256
     two = chain(["a", "b"])
     steps = {"long": (chain(["a"] * k), 1, None, 30), "short": (chain(["a"]), 1, None, 60),
              "two": (two, 2, {"a": 0, "b": 1}, 60), "two_on_one": (two, 1, None, 60),
              "second_worker": (chain(["a"]), 2, {"a": 0}, 60)}
-    best = {name: float("inf") for name in steps}
-    for _ in range(3):
-        for name, (text, devices, pinned, reps) in steps.items():
-            best[name] = min(best[name], executor_us(target, text, devices, pinned, reps))
+    best = fastest_in_rounds({name: functools.partial(executor_us, target, *args)
+                              for name, args in steps.items()})
     # Per-op overhead on a device: 256 ops minus 1 op, per op.
     long_us, short_us = best["long"], best["short"]
     per_op_us = max((long_us - short_us) / (k - 1), 0.05)

@@ -46,6 +46,7 @@ the candidates on the machine profile alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import statistics
 import tempfile
@@ -122,7 +123,8 @@ def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
 
     That cost is measured on the step itself: it runs at batch B and B/m
     (W(B), W(B/m): the fastest of their one-worker runs, timed in turns,
-    Note [Timing in rounds]; each with the fixed step cost F, ``step_us``)
+    Note [Timing in rounds] in device_calibration.py; each with the fixed
+    step cost F, ``step_us``)
     and every one of its N nodes is taken to cost c + b * s_n, so
     m (W(B/m) - F) - (W(B) - F) = (m - 1) N c; at least the executor's time
     between ops (profile_graph_times). c at m = 2 becomes the machine's per-op
@@ -191,6 +193,10 @@ class _OneWorker:
         self.executor.run(list(inputs))
         self.first_us = (time.perf_counter_ns() - t0) / 1e3
 
+    def runs_in(self, budget_us: float) -> int:
+        """How many runs (3 to 50) fill about ``budget_us``."""
+        return max(3, min(50, int(budget_us / max(self.first_us, 1.0))))
+
     def fastest(self, runs: int) -> float:
         """The fastest of ``runs`` steps, in microseconds."""
         best = float("inf")
@@ -203,24 +209,13 @@ class _OneWorker:
 
 def _fastest_in_rounds(steps: Mapping[int, _OneWorker], rounds: int = 3,
                        budget_us: float = 20_000) -> dict[int, float]:
-    """The fastest run of each step, timed in ``rounds`` rounds that take
-    the steps in turn, each step at least 3 runs (at most 50) a round or as
-    many as fill ``budget_us`` over the rounds.
-
-    Note [Timing in rounds]: the per-op overhead is a difference, m times
-    the step at B/m less the step at B, so the two must see the same
-    machine. Timed one after the other, each the fastest of runs filling
-    20 ms, a slow spell of the VM (tens to hundreds of ms) could cover one
-    and not the other (looped's overhead at 4 micro-batches measured 10.5
-    us where 2 and 8 measured 4.3 and 4.9; gpt's whole step 1.37x its
-    later measurement). Taken in turns, every step is timed before, during
-    and after such a spell, and each keeps its fastest run."""
-    best = {k: float("inf") for k in steps}
-    for _ in range(rounds):
-        for k, step in steps.items():
-            runs = max(3, min(50, int(budget_us / rounds / max(step.first_us, 1.0))))
-            best[k] = min(best[k], step.fastest(runs))
-    return best
+    """The fastest run of each step over ``rounds`` rounds taking them in
+    turn (Note [Timing in rounds] in device_calibration.py), each step at
+    least 3 runs (at most 50) a round or as many as fill ``budget_us`` over
+    the rounds."""
+    from .device_calibration import fastest_in_rounds
+    return fastest_in_rounds({k: functools.partial(step.fastest, step.runs_in(budget_us / rounds))
+                              for k, step in steps.items()}, rounds)
 
 
 def _anchored(times: list[float], whole_us: float) -> list[float]:
@@ -233,7 +228,7 @@ def _anchored(times: list[float], whole_us: float) -> list[float]:
     on an idle 2-core VM one search's node times summed to 1.5-1.75x the
     step they came from (gpt 3461 us simulated one-device, 1975 us
     measured), the next search's to 0.99x. The whole step's time is the
-    steadier number (the fastest of its runs, Note [Timing in rounds]), so
+    steadier number (the fastest of its runs, _fastest_in_rounds), so
     the nodes keep their shares and their sum is set to it; the executor's
     time between ops is part of it, as the simulator charges no gap between
     measured nodes."""
@@ -248,7 +243,7 @@ def _one_worker_us(graph: Any, inputs: list[Any], runs: int = 7) -> float:
     """The fastest run of ``graph`` on one CPU worker (after one warm-up),
     of ``runs`` runs or as many as fill about 20 ms (at most 50)."""
     step = _OneWorker(graph, inputs)
-    return step.fastest(max(runs, min(50, int(20_000 / max(step.first_us, 1.0)))))
+    return step.fastest(max(runs, step.runs_in(20_000)))
 
 
 def _host_cores(graph: Any, inputs: list[Any], devices: int, trials: int = 10) -> float:
