@@ -27,6 +27,7 @@
 #include "runtime/op_call.h"
 #include "runtime/rank_messages.h"
 #include "runtime/rank_schedule.h"
+#include "runtime/threads.h"
 #include "runtime/value_types.h"
 
 namespace modelpar::runtime {
@@ -117,8 +118,10 @@ struct IssuedSend {
 // compute thread]).
 class Sender {
  public:
+  /// Throws ExecutionError when the thread cannot start (startThread).
   explicit Sender(c10::intrusive_ptr<c10d::ProcessGroup> group)
-      : group_(std::move(group)), thread_([this] { loop(); }) {}
+      : group_(std::move(group)),
+        thread_(startThread(c10::str("rank ", group_->getRank(), "'s sends"), [this] { loop(); })) {}
   ~Sender() {
     {
       std::lock_guard<std::mutex> lock(m_);
