@@ -11,6 +11,7 @@
 #include "passes/cost/cost_model.h"
 #include "passes/cost/device_model.h"
 #include "passes/lower/lower.h"
+#include "passes/lower/rehome_inputs.h"
 #include "passes/lower/simulate.h"
 #include "passes/pipeline/layer_order.h"
 #include "passes/pipeline/microbatch.h"
@@ -153,6 +154,17 @@ std::vector<RegisteredPass> makeRegistry() {
                  ir::Graph& g = graphOf(ir, s);
                  ir.program.emplace(lower(g, placementFromAnnotations(g, s)));
                  ir.graph.reset();
+               }});
+  r.push_back({"rehome-inputs", "program", "program",
+               "binds each named graph input on its home device and sends it from there to "
+               "where the program read it; options: homes=name@device[+name@device...]",
+               {"homes"},
+               [](IrUnit& ir, const PassSpec& s) {
+                 auto it = s.options.find("homes");
+                 MP_CHECK(it != s.options.end(), ConfigError,
+                          "modelpar {}: needs homes=name@device[+name@device...]",
+                          kRehomeInputsPassId);
+                 ir.program.emplace(rehomeInputs(programOf(ir, s), parseInputHomes(it->second)));
                }});
   r.push_back({"simulate", "program", "program",
                "checks the program runs to the end on a machine (the report is `python -m "

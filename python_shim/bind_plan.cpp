@@ -17,6 +17,7 @@
 #include "passes/cost/calibrate.h"
 #include "passes/cost/cost_model.h"
 #include "passes/lower/chrome_trace.h"
+#include "passes/lower/rehome_inputs.h"
 #include "passes/pipeline/checkpoint.h"
 #include "passes/pipeline/layer_chain.h"
 #include "passes/pipeline/microbatch.h"
@@ -596,6 +597,14 @@ void bindPipeline(py::module_& m) {
       py::arg("plan"),
       "passes::splitPhases of a PipelinePlan: (first Program, second Program, carried names).");
   m.def("microbatch_sizes", &passes::microbatchSizes, py::arg("batch"), py::arg("microbatches"));
+  m.def(
+      "rehome_inputs",
+      [](const ir::Program& p, const std::vector<std::pair<std::string, int>>& homes) {
+        return passes::rehomeInputs(p, homes);
+      },
+      py::arg("program"), py::arg("homes"),
+      "passes::rehomeInputs: the program with each (input name, device) of `homes` bound on "
+      "that device and sent from there to where the program read it.");
 }
 
 }  // namespace

@@ -550,11 +550,11 @@ class _Capture:
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, check_homes, check_same_plan
+        from .distributed import RankExecutor, check_same_plan, keep_homes
         check_same_plan(str(program), self.opts.process_group,
                         f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
         if kind is not GraphKind.BACKWARD:
-            check_homes(program, self.plan_key(), training=kind is GraphKind.FORWARD)
+            program = keep_homes(program, self.plan_key(), training=kind is GraphKind.FORWARD)
         if kind is GraphKind.BACKWARD:
             replicated: list[int] = []
         elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:

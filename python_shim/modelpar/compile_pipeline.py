@@ -294,13 +294,14 @@ class PipelineStep:
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, check_homes, check_same_plan
+        from .distributed import RankExecutor, check_same_plan, keep_homes
         check_same_plan(str(program), self.opts.process_group,
                         f"the pipelined step of {self.name} at batch {batch}",
                         self.opts.peer_timeout)
         if k == 0:  # the program that binds the forward's inputs
-            check_homes(program, (self.record.filename, self.record.function, self.record.line),
-                        training=self.graph_kind == "training")
+            program = keep_homes(program,
+                                 (self.record.filename, self.record.function, self.record.line),
+                                 training=self.graph_kind == "training")
         index = {n: i for i, n in enumerate(program.graph.output_names)}
         replicated = sorted({index[n] for n in self.fw_out_names if n and n in index})
         # A gradient goes to the rank that binds its parameter (and so updates

@@ -41,7 +41,7 @@ from . import _C
 from .errors import ConfigError, ExecutionError, PeerError
 from .executor import outside_dispatch_modes
 
-__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "check_homes",
+__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "keep_homes",
            "RankExecutor", "release_unowned", "read_here", "Planned"]
 
 #: The ``devices`` value that means "one device per rank of the group".
@@ -188,32 +188,27 @@ def check_backend(group: Any, example_inputs: Sequence[Any]) -> str:
 _homes: dict[Any, dict[str, int]] = {}
 
 
-def check_homes(program: Any, key: Any, training: bool) -> None:
-    """Records (``training``) or checks where ``program`` binds its
-    parameters and buffers, by input name, for the user function ``key``.
-    Every rank holds the same program (check_same_plan), so every rank
-    decides alike, at compile time.
-
-    Raises:
-        ConfigError: a graph (an inference graph planned apart) binds a
-            parameter on another rank than the training step does.
-    """
+def keep_homes(program: Any, key: Any, training: bool) -> Any:
+    """The program to run for ``program``, a graph of the user function
+    ``key``: a training step's records where it binds each parameter and
+    buffer (its home) and is returned as it is; any other graph (an inference
+    graph under no_grad, planned apart) is returned with every parameter and
+    buffer it binds elsewhere moved home and sent from there
+    (passes/lower/rehome_inputs.h; Note [One home per parameter]). Every rank
+    holds the same program (check_same_plan) and the same homes, so every
+    rank rewrites alike."""
     graph = program.graph
     places = zip(graph.input_names, _C.graph_input_roles(graph), _C.input_devices(program))
     homes = _homes.setdefault(key, {})
+    moves = []
     for name, role, device in places:
         if role == "input":
             continue
         if training:
             homes[name] = device
         elif homes.get(name, device) != device:
-            raise ConfigError(
-                f"modelpar distributed: this graph binds %{name} on rank {device}, but the "
-                f"training step binds it on rank {homes[name]}, whose optimizer updates it; "
-                f"rank {device}'s copy is stale (Note [One home per parameter]). Graphs planned "
-                "apart (an inference graph under no_grad, a pipeline's inference partition) "
-                "must place parameters as the training step does; over a process group that is "
-                "not yet guaranteed: evaluate with the training graph, or on one process")
+            moves.append((name, homes[name]))
+    return _C.rehome_inputs(program, moves) if moves else program
 
 
 # Note [Letting go of the group at exit]
@@ -385,9 +380,10 @@ def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int) -> No
                 f"{tuple(t.shape)} on rank {d}, but an earlier graph bound it on rank "
                 f"{seen[1]}, whose optimizer updates it; rank {d}'s copy is stale, so this "
                 "graph would compute with old weights (Note [One home per parameter]). "
-                "Graphs planned apart (an inference graph under no_grad) must place "
-                "parameters as the training step does; not yet supported over a "
-                "process group: run inference in the training graph's placement")
+                "modelpar moves parameters home for the graphs of the function it trained "
+                "(an inference graph under torch.no_grad()), not for another "
+                "torch.compile of the model: evaluate through the compiled function you "
+                "train with")
         _bound_on[id(t)] = (weakref.ref(t), d)
 
 
@@ -420,11 +416,15 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
 # copies go stale. Every graph compiled over the group must therefore bind a
 # parameter on the same rank. The joint forward/backward plan and a
 # pipeline's step guarantee it; a graph planned apart (an inference graph
-# under no_grad) may not, and running it would silently read stale weights.
-# check_homes() refuses such a graph at compile time, by input name, on every
-# rank alike (their programs are the same); as a safety net the rank
-# executor's wrapper also remembers where each parameter tensor was bound and
-# refuses a run that binds it elsewhere.
+# under no_grad, a pipeline's forward-only partition, which cuts the layers
+# elsewhere) may not, and running it as planned would read stale weights.
+# keep_homes() moves each such parameter to the rank the training step binds
+# it on, at compile time, by input name, on every rank alike (their programs
+# are the same): that rank sends it, first thing in the step, to the rank
+# that computes with it (passes/lower/rehome_inputs.h). As a safety net the
+# rank executor's wrapper also remembers where each parameter tensor was
+# bound and refuses a run that binds it elsewhere (a graph of another
+# torch.compile of the model, whose training homes are not known).
 
 # Note [Naming the failed rank]: a rank whose own step fails (an operator
 # raised, a bad input) writes `modelpar/fault/<rank>` = "failed: <message>"

@@ -49,7 +49,7 @@ def test_list_names_every_pass_with_what_it_reads() -> None:
     assert r.returncode == 0, r.stderr
     names = [line.split()[0] for line in r.stdout.splitlines()]
     assert names == ["cost", "layer-order", "microbatch", "place-mtopo", "place-metf",
-                     "place-msct", "lower", "simulate"]
+                     "place-msct", "lower", "rehome-inputs", "simulate"]
 
 
 def test_reads_standard_input_and_dumps_every_pass(tmp_path: Path) -> None:
