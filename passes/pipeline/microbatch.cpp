@@ -262,6 +262,9 @@ void Microbatcher::decideCombinations() {
 
 // 5. Random ops, in-place ops on shared values, batch statistics, the loss path.
 void Microbatcher::checkExactness() const {
+  // One micro-batch is the whole batch: every reduction, draw and in-place
+  // update happens once, on all of it, as without micro-batching.
+  if (d_.sizes.size() == 1) return;
   std::vector<char> on = lossPath();
   for (size_t n = 0; n < g_.numNodes(); ++n) {
     if (d_.where[n] != Where::PerMb) continue;
@@ -398,7 +401,9 @@ ir::Graph Microbatcher::build() {
   for (size_t k = 0; k < nmb; ++k) {
     const int64_t bk = d_.sizes[k];
     const auto mb = static_cast<int>(k);
-    const std::string suffix = fmt::format(".mb{}", k);
+    // One micro-batch: the copies keep the graph's names (its outputs are
+    // found by name, and a `.mb0` suffix would rename them).
+    const std::string suffix = nmb == 1 ? std::string() : fmt::format(".mb{}", k);
     const double w = d_.weight(k);
     const bool last = k + 1 == nmb;
     std::vector<ValueId> local(g_.numValues(), ir::kNoId);

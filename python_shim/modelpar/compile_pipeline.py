@@ -119,7 +119,10 @@ class PipelineStep:
 
     def __init__(self, opts: CompileOptions, plan_record: Any, name: str) -> None:
         self.opts = opts
-        self.options = pipeline_options(opts.pipeline or {})
+        # Note [The searched step keeps the model's math] (step_search.py):
+        # strategy="auto" never defers batch norm; only the pipeline option does.
+        self.options = pipeline_options(opts.pipeline if opts.pipeline is not None
+                                        else {"batch_norm": "refuse"})
         self.record = plan_record
         self.name = name
         self.stash = _StashTable()

@@ -32,6 +32,19 @@ runs as one Program, like a step-mode pipeline; in split mode
 at the backward (split_phases needs a pipeline's stages), so only they are
 searched.
 
+Note [The searched step keeps the model's math]: ``strategy="auto"``
+picks how the step runs, never what it computes. Under the ``pipeline``
+option batch norm defaults to torchgpipe's DeferredBatchNorm (each
+micro-batch normalised with its own statistics: the user asked for a
+pipeline and gets its semantics); under ``strategy="auto"`` the user asked
+for none, so training-mode batch norm is refused in micro-batches
+(``batch_norm="refuse"``) and a pipeline of several micro-batches of such a
+model is a failed candidate that says why (measured: ResNet with the loss
+outside had been given a GPipe pipeline of 4 micro-batches whose loss was
+4 % off eager's). In split mode, where only GPipe pipelines are searched,
+pipelines of one micro-batch (the layers cut into stages, run in turn) are
+candidates too, so such a model still has a plan.
+
 Over a process group (``devices="world"``), rank 0 times the nodes and
 measures the cores, and every rank searches with its numbers (Note
 [Measured once, planned everywhere] in first_rank.py), so every rank picks
@@ -106,7 +119,7 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
                                schedules=("gpipe",) if split else (),
                                one_device=not split and not opts.world,
                                placements=not split,
-                               microbatches=_microbatch_counts(opts.devices, batch),
+                               microbatches=_searched_counts(opts.devices, batch, split),
                                microbatch_launch_us=record.search_microbatch_launch_us)
 
 
@@ -308,6 +321,13 @@ def _with_measured(machine: str, fixed_us: float, cores: float,
     f.write(json.dumps(prof))
     f.flush()
     return f.name
+
+
+def _searched_counts(devices: int, batch: int, split: bool) -> list[int]:
+    """The micro-batch counts the search tries: _microbatch_counts, and in
+    split mode also 1 (Note [The searched step keeps the model's math])."""
+    counts = _microbatch_counts(devices, batch)
+    return [1, *counts] if split and 1 not in counts else counts
 
 
 def _microbatch_counts(devices: int, batch: int) -> list[int]:

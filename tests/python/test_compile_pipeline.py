@@ -168,6 +168,19 @@ def test_momentum_sgd_steps_equal_eager() -> None:
         TOL.after(steps=3).assert_close(p, q, msg=lambda m, n=n: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("mode", ["inside", "outside"])
+def test_one_microbatch_is_the_whole_batch_even_for_batch_norm(mode: str) -> None:
+    # One micro-batch (microbatches=1, or a batch of 1): the layers cut into
+    # stages, run in turn. Its copies keep the graph's names (the outputs
+    # are found by name: a `.mb0` suffix had made both modes fail with a
+    # KeyError) and batch norm needs no deferring: its statistics are the
+    # whole batch's, so even batch_norm="refuse" trains like eager.
+    run = _loss_inside if mode == "inside" else _loss_outside
+    schedule = "1f1b" if mode == "inside" else "gpipe"
+    plan = run("cnn", 2, [8], schedule=schedule, microbatches=1, batch_norm="refuse")
+    assert plan.pipeline.num_stages == 2 and plan.pipeline.microbatch_sizes == [8]
+
+
 def test_deferred_batch_norm_updates_running_stats_from_the_whole_batch() -> None:
     case = CASES["cnn"]
     model = case.make_model()

@@ -3,8 +3,9 @@ transformers (tests/python/zoo.py: decoder-only LMs with rotary embeddings and
 grouped-query attention, an encoder, an encoder-decoder, a vision transformer,
 a CNN with batch norm), unmodified and without mark_dynamic, trained for three
 momentum-SGD steps through every mode: one device, two placed devices (m-ETF,
-m-SCT), and pipelines on two CPU workers (GPipe with the loss outside; 1F1B and
-1F1B* with the loss compiled in) x checkpoint {never, except_last}. The loss
+m-SCT), pipelines on two CPU workers (GPipe with the loss outside; 1F1B and
+1F1B* with the loss compiled in) x checkpoint {never, except_last}, and the
+plan strategy="auto" chooses. The loss
 of every step, every gradient of the first step and every parameter after the
 last equal eager within the model's fp32 reduction-order tolerance
 (tests/python/tolerances.py; micro-batching splits the batch sums, placement
@@ -15,7 +16,7 @@ micro-batch is normalised with its own statistics, so the reference for the
 CNN's pipelines is eager run micro-batch by micro-batch (losses weighted by
 micro-batch size, gradients summed), as torchgpipe documents.
 
-CI runs a sample (every model in four modes); MODELPAR_ZOO=full runs the
+CI runs a sample (every model in five modes); MODELPAR_ZOO=full runs the
 whole matrix (about 5 minutes on 2 cores)."""
 
 from __future__ import annotations
@@ -44,8 +45,10 @@ MODES: dict[str, dict] = {
     "1f1b-except_last": {"devices": 2, "pipeline": {"schedule": "1f1b"}},
     "1f1b*-never": {"devices": 2, "pipeline": {"schedule": "1f1b*", "checkpoint": "never"}},
     "1f1b*-except_last": {"devices": 2, "pipeline": {"schedule": "1f1b*"}},
+    # the plan strategy="auto" picks on this machine (loss outside: pipelines are GPipe)
+    "auto": {"devices": 2, "strategy": "auto"},
 }
-SAMPLE = {"one-device", "m-etf", "gpipe-never", "1f1b-except_last"}
+SAMPLE = {"one-device", "m-etf", "gpipe-never", "1f1b-except_last", "auto"}
 FULL = os.environ.get("MODELPAR_ZOO") == "full"
 
 
@@ -123,6 +126,9 @@ def _run(name: str, mode: str) -> None:
     plan = modelpar.plans()[-1]
     if pipelined:
         assert plan.pipeline is not None and plan.pipeline.num_stages == 2, plan
+    elif mode == "auto":  # one searched and chosen plan, whichever it is
+        assert plan.search is not None, plan
+        assert sum(c["chosen"] for c in plan.candidates) == 1, plan.candidates
     else:
         assert all(g.runs_on == "modelpar" for g in plan.graphs.values()), plan
 

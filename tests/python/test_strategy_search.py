@@ -202,8 +202,11 @@ def _train(name: str, options: dict, mode: str | None, steps: int, loss_inside: 
         want.backward()
         tol = TOL.after(step + 1)
         tol.assert_close(loss, want)
+        # A bias before batch norm has a gradient that is zero in exact
+        # arithmetic: its rounding noise has the size of the other gradients.
+        scale = max(float(q.grad.abs().max()) for q in eager.parameters())
         for (n, p), q in zip(model.named_parameters(), eager.parameters()):
-            tol.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+            tol.assert_close(p.grad, q.grad, scale=scale, msg=lambda m, n=n: f"grad of {n}: {m}")
         opt.step(), eager_opt.step(), opt.zero_grad(), eager_opt.zero_grad()
     return modelpar.plans()[-1]
 
@@ -240,3 +243,21 @@ def test_auto_with_the_loss_outside_searches_gpipe_pipelines_only(tmp_path, monk
     assert {c["kind"] for c in plan.candidates} == {"pipeline"}
     assert {c["schedule"] for c in plan.candidates} == {"gpipe"}
     assert not math.isnan(plan.simulated_step_us)
+
+
+@pytest.mark.parametrize("loss_inside", [True, False])
+def test_auto_never_changes_the_math_of_batch_norm(tmp_path, monkeypatch, loss_inside):
+    # Note [The searched step keeps the model's math]: the CNN trains batch
+    # norm; micro-batches would normalise with their own statistics (the
+    # pipeline option's DeferredBatchNorm), so under strategy="auto" every
+    # pipeline of several micro-batches fails saying why, and the chosen plan
+    # trains like eager (checked in _train) even on a machine where pipelines
+    # win. With the loss outside (GPipe only) a pipeline of one micro-batch
+    # is the plan.
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
+    plan = _train("cnn", {"devices": 2, "strategy": "auto", "strict": True}, None, 2, loss_inside)
+    split = [c for c in plan.candidates if c["kind"] == "pipeline" and c["microbatches"] > 1]
+    assert split and all(c["status"] == "failed" and "batch norm" in c["reason"] for c in split)
+    chosen = next(c for c in plan.candidates if c["chosen"])
+    if not loss_inside:
+        assert (chosen["kind"], chosen["microbatches"]) == ("pipeline", 1), plan.search.table()
