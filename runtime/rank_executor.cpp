@@ -66,8 +66,10 @@ namespace modelpar::runtime {
 // the per-peer tx stream, events and recordStream of Note [Executor stream
 // protocol], done by c10d instead of by us. The rank executor issues
 // everything on the current stream of `options.device`. NCCL ignores tags
-// and pairs transfers by order, so over NCCL the constructor refuses a
-// program whose send and receive lists of a pair differ in order.
+// and pairs transfers by order, so the executor runs the program with every
+// device's receives in its peers' send order (Note [Receiving in send
+// order], rank_schedule.h; over Gloo too, so that the tested path is the
+// one NCCL runs, and receives are posted ahead in the order data comes).
 //
 // Every wait has the executor's timeout: a peer that raised or died makes the
 // wait fail (Gloo: connection closed, or the timeout) and run() throws
@@ -201,7 +203,7 @@ struct Pending {
 class RankExecutor::Impl {
  public:
   Impl(const ir::Program& p, c10::intrusive_ptr<c10d::ProcessGroup> group, RankExecutorOptions o)
-      : program_(p), group_(std::move(group)), options_(std::move(o)) {
+      : program_(receiveInSendOrder(p)), group_(std::move(group)), options_(std::move(o)) {
     MP_RT_CHECK(group_, ConfigError, "modelpar rank executor: no process group");
     rank_ = group_->getRank();
     size_ = group_->getSize();
@@ -210,7 +212,7 @@ class RankExecutor::Impl {
                 " ranks; plan with devices equal to the world size (devices='world')");
     if (options_.verify) ir::verify(program_);
     if (group_->getBackendName() == "nccl") {
-      checkPairOrder(program_);
+      checkPairOrder(program_);  // holds after receiveInSendOrder
     } else {  // Note [Issuing sends off the compute thread]
       sender_ = std::make_unique<Sender>(group_);
     }

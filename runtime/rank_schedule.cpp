@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "ir/verifier.h"
 #include "runtime/check.h"
 
 namespace modelpar::runtime {
@@ -39,6 +40,51 @@ OutputPlaces outputPlaces(const ir::Program& p) {
     out.holder.push_back(holder);
     out.present.push_back(std::move(present));
   }
+  return out;
+}
+
+ir::Program receiveInSendOrder(const ir::Program& p) {
+  const auto n = static_cast<size_t>(p.numDevices());
+  std::vector<std::vector<std::vector<ir::ValueId>>> sent(n, std::vector<std::vector<ir::ValueId>>(n));
+  for (size_t a = 0; a < n; ++a) {
+    for (const ir::Instruction& inst : p.schedule(static_cast<int>(a))) {
+      if (inst.kind == Kind::Send) sent[a][static_cast<size_t>(inst.peer)].push_back(inst.value);
+    }
+  }
+  ir::Program out = p;
+  for (size_t b = 0; b < n; ++b) {
+    std::vector<size_t> next(n, 0);                   // per sender: into sent[a][b]
+    std::vector<std::vector<ir::ValueId>> early(n);   // per sender: received ahead
+    std::vector<ir::Instruction> list;
+    for (const ir::Instruction& inst : p.schedule(static_cast<int>(b))) {
+      if (inst.kind != Kind::Recv) {
+        list.push_back(inst);
+        continue;
+      }
+      const auto a = static_cast<size_t>(inst.peer);
+      std::vector<ir::ValueId>& ahead = early[a];
+      auto was = std::find(ahead.begin(), ahead.end(), inst.value);
+      if (was != ahead.end()) {  // received ahead, at an earlier receive from a
+        ahead.erase(was);
+        continue;
+      }
+      const std::vector<ir::ValueId>& order = sent[a][b];
+      MP_RT_CHECK(std::find(order.begin() + static_cast<std::ptrdiff_t>(next[a]), order.end(),
+                            inst.value) != order.end(),
+                  InvalidIrError, "modelpar rank executor: device ", b, " receives %",
+                  p.graph().value(inst.value).name, " from device ", a,
+                  ", which does not send it (then or later); run ir::verify");
+      // Everything a sent before v and b has not yet received, then v.
+      while (next[a] < order.size()) {
+        const ir::ValueId u = order[next[a]++];
+        list.push_back(ir::Instruction::recv(u, inst.peer));
+        if (u == inst.value) break;
+        ahead.push_back(u);
+      }
+    }
+    out.schedule(static_cast<int>(b)) = std::move(list);
+  }
+  ir::verify(out);
   return out;
 }
 
