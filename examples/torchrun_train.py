@@ -8,8 +8,9 @@
 
 Every rank builds the same model (same seed), compiles the same step and
 feeds the same batches; modelpar plans over the ranks, rank r runs device r's
-part, and every rank gets the loss. Rank 0 prints one line per step:
-``step K loss L``. With ``--meta`` the model is built on the meta device and
+part, and every rank gets the loss. Rank 0 prints one line per step,
+``step K loss L``, and the loss of the first batch after training under
+``torch.no_grad()``, ``eval loss L``. With ``--meta`` the model is built on the meta device and
 ``modelpar.materialize`` gives each rank only the parameters it owns (the
 values a normal construction with the same seed gives); without it, every
 rank builds the whole model and frees other ranks' parameters after the
@@ -59,6 +60,13 @@ def main() -> None:
             modelpar.release_unowned(model)  # free the parameters other ranks own
         if dist.get_rank() == 0:
             print(f"step {k} loss {loss.item()!r}", flush=True)
+    # Evaluation through the same compiled step: its graph, planned apart,
+    # reads every parameter on the rank that trained it.
+    with torch.no_grad():
+        x, y = batches[0]
+        loss = step(x, y)
+    if dist.get_rank() == 0:
+        print(f"eval loss {loss.item()!r}", flush=True)
     dist.destroy_process_group()
 
 

@@ -257,6 +257,8 @@ def test_the_torchrun_example_trains_like_eager(pipeline: str | None, meta: bool
                          env=env, capture_output=True, text=True, timeout=LIMIT_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     got = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("step ")]
+    evaluated = [float(line.split()[-1]) for line in run.stdout.splitlines()
+                 if line.startswith("eval loss ")]
     # The same model, seed and batches eagerly in this process.
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
@@ -264,17 +266,20 @@ def test_the_torchrun_example_trains_like_eager(pipeline: str | None, meta: bool
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(1)
     want = []
-    for _ in range(3):
-        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    batches = [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ in range(3)]
+    for x, y in batches:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
         want.append(loss.item())
+    with torch.no_grad():  # the example evaluates the first batch after training
+        want.append(torch.nn.functional.mse_loss(model(batches[0][0]), batches[0][1]).item())
     # Placement adds the MLP's sums (32 wide, 3 layers forward and backward)
     # in other orders (tests/python/tolerances.py), over 3 SGD steps.
-    assert len(got) == 3, run.stdout
-    Reordered(32, depth=6).after(steps=3).assert_close(torch.tensor(got), torch.tensor(want))
+    assert len(got) == 3 and len(evaluated) == 1, run.stdout
+    Reordered(32, depth=6).after(steps=3).assert_close(torch.tensor(got + evaluated),
+                                                       torch.tensor(want))
 
 
 def test_world_without_an_initialised_group_is_a_config_error() -> None:
