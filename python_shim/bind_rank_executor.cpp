@@ -30,7 +30,8 @@ void bindRankExecutor(py::module_& m) {
                            "group (runtime/rank_executor.h).")
       .def(py::init([](const ir::Program& p, const std::string& group_name, double timeout_s,
                        const std::string& device, std::vector<size_t> replicated,
-                       std::vector<std::pair<size_t, int>> homes, bool verify, bool record_trace) {
+                       std::vector<std::pair<size_t, int>> homes, bool verify, bool record_trace,
+                       const std::string& reverse_group_name) {
              MP_RT_CHECK(timeout_s > 0, ConfigError, "modelpar rank executor: timeout must be > 0 s, got ",
                          timeout_s);
              c10::intrusive_ptr<c10d::ProcessGroup> group;
@@ -41,6 +42,14 @@ void bindRankExecutor(py::module_& m) {
                            "' (is torch.distributed initialised?)");
              }
              runtime::RankExecutorOptions o;
+             if (!reverse_group_name.empty()) {
+               try {
+                 o.reverse_group = c10d::resolve_process_group(reverse_group_name);
+               } catch (const std::exception& e) {
+                 MP_RT_THROW(ConfigError, "modelpar rank executor: no process group named '",
+                             reverse_group_name, "' (the reverse group)");
+               }
+             }
              o.verify = verify;
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
              o.device = c10::Device(device);
@@ -53,7 +62,8 @@ void bindRankExecutor(py::module_& m) {
            py::arg("program"), py::kw_only(), py::arg("group_name"), py::arg("timeout_s") = 30.0,
            py::arg("device") = "cpu", py::arg("replicated_outputs") = std::vector<size_t>{},
            py::arg("output_homes") = std::vector<std::pair<size_t, int>>{},
-           py::arg("verify") = true, py::arg("record_trace") = false)
+           py::arg("verify") = true, py::arg("record_trace") = false,
+           py::arg("reverse_group_name") = "")
       .def("chrome_trace",
            [](const RankExecutor& ex) { return runtime::toChromeTrace(ex.program(), ex.lastTrace()); },
            "Chrome trace JSON of the last step on this rank (needs record_trace=True).")

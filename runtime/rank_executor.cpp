@@ -71,6 +71,18 @@ namespace modelpar::runtime {
 // order], rank_schedule.h; over Gloo too, so that the tested path is the
 // one NCCL runs, and receives are posted ahead in the order data comes).
 //
+// Note [One stream per direction]: c10d's NCCL group runs every transfer
+// between two ranks, both directions, on one communicator and one stream
+// (its key is "low:high"), in the order each rank issues them. NCCL pairs by
+// order, and a send larger than NCCL's buffers completes only once its
+// receive runs, so a pair whose ranks each send before they receive could
+// wait on each other's stream where the Program's buffered sends do not.
+// With `reverse_group` (modelpar/distributed.py makes one over NCCL) the
+// transfers from a higher rank to a lower one go over that group: each
+// direction is a FIFO of its own, receives come in send order (Note
+// [Receiving in send order]), and a send waits only for its data and for
+// its receive to be posted, which the receiver does at the program's recv.
+//
 // Every wait has the executor's timeout: a peer that raised or died makes the
 // wait fail (Gloo: connection closed, or the timeout) and run() throws
 // PeerError naming the peer and the instruction.
@@ -135,11 +147,14 @@ class Sender {
   Sender(const Sender&) = delete;
   Sender& operator=(const Sender&) = delete;
 
-  std::shared_ptr<IssuedSend> post(std::vector<at::Tensor> tensors, int peer, int tag) {
+  /// Issues a send of `tensors` to `peer` over `over` (the group's own, or
+  /// its reverse group: Note [One stream per direction]).
+  std::shared_ptr<IssuedSend> post(c10d::ProcessGroup* over, std::vector<at::Tensor> tensors,
+                                   int peer, int tag) {
     auto slot = std::make_shared<IssuedSend>();
     {
       std::lock_guard<std::mutex> lock(m_);
-      jobs_.push_back({std::move(tensors), peer, tag, slot});
+      jobs_.push_back({over, std::move(tensors), peer, tag, slot});
     }
     cv_.notify_one();
     return slot;
@@ -147,6 +162,7 @@ class Sender {
 
  private:
   struct Job {
+    c10d::ProcessGroup* over = nullptr;
     std::vector<at::Tensor> tensors;
     int peer;
     int tag;
@@ -165,7 +181,7 @@ class Sender {
       c10::intrusive_ptr<c10d::Work> work;
       std::string error;
       try {
-        work = group_->send(job.tensors, job.peer, job.tag);
+        work = job.over->send(job.tensors, job.peer, job.tag);
       } catch (const std::exception& e) {
         error = errorText(e);
       }
@@ -210,6 +226,13 @@ class RankExecutor::Impl {
     MP_RT_CHECK(size_ == program_.numDevices(), ConfigError, "modelpar rank executor: the program has ",
                 program_.numDevices(), " devices but the process group has ", size_,
                 " ranks; plan with devices equal to the world size (devices='world')");
+    if (options_.reverse_group) {
+      MP_RT_CHECK(options_.reverse_group->getSize() == size_ &&
+                      options_.reverse_group->getRank() == rank_,
+                  ConfigError, "modelpar rank executor: the reverse group has rank ",
+                  options_.reverse_group->getRank(), " of ", options_.reverse_group->getSize(),
+                  " but the group rank ", rank_, " of ", size_, "; make it of the same ranks");
+    }
     if (options_.verify) ir::verify(program_);
     if (group_->getBackendName() == "nccl") {
       checkPairOrder(program_);  // holds after receiveInSendOrder
@@ -350,8 +373,8 @@ class RankExecutor::Impl {
       const ir::Instruction inst = ir::Instruction::recv(v, holders_[k]);
       env_[static_cast<size_t>(v)] = receive(g.value(v).type, [&](at::Tensor& t) {
         std::vector<at::Tensor> one{t};
-        wait([&] { return group_->recv(one, inst.peer, static_cast<int>(v)); }, end, inst,
-             inst.peer, "sent nothing");
+        wait([&] { return over(inst.peer, rank_).recv(one, inst.peer, static_cast<int>(v)); }, end,
+             inst, inst.peer, "sent nothing");
       });
     }
   }
@@ -397,7 +420,7 @@ class RankExecutor::Impl {
         }
         env_[static_cast<size_t>(inst.value)] = receive(type, [&](at::Tensor& t) {
           std::vector<at::Tensor> one{t};
-          wait([&] { return group_->recv(one, inst.peer, static_cast<int>(inst.value)); },
+          wait([&] { return over(inst.peer, rank_).recv(one, inst.peer, static_cast<int>(inst.value)); },
                i, inst, inst.peer, "sent nothing");
         });
         return;
@@ -464,7 +487,7 @@ class RankExecutor::Impl {
                            at::TensorOptions().dtype(c10::kByte).device(options_.device));
       std::vector<at::Tensor> one{p.buffer};
       try {
-        p.work = group_->recv(one, inst.peer, static_cast<int>(inst.value));
+        p.work = over(inst.peer, rank_).recv(one, inst.peer, static_cast<int>(inst.value));
       } catch (const std::exception& e) {
         throw PeerError(c10::str(where(i, inst), ": the receive from rank ", inst.peer,
                                  " could not be posted: ", errorText(e)), inst.peer);
@@ -541,18 +564,25 @@ class RankExecutor::Impl {
     pending_.clear();
   }
 
+  // The group that carries transfers from rank `from` to rank `to` (Note
+  // [One stream per direction]).
+  c10d::ProcessGroup& over(int from, int to) const {
+    return from > to && options_.reverse_group ? *options_.reverse_group : *group_;
+  }
+
   // Posts one message of instruction i (`inst`): on the sender thread over
   // Gloo, here over NCCL (Note [Issuing sends off the compute thread]).
   void issueSend(std::vector<at::Tensor> one, int peer, int tag, size_t i,
                  const ir::Instruction& inst) {
+    c10d::ProcessGroup& group = over(rank_, peer);
     if (sender_) {
-      std::shared_ptr<IssuedSend> slot = sender_->post(one, peer, tag);
+      std::shared_ptr<IssuedSend> slot = sender_->post(&group, one, peer, tag);
       pending_.push_back({{}, std::move(one), i, peer, std::move(slot), inst});
       return;
     }
     c10::intrusive_ptr<c10d::Work> work;
     try {
-      work = group_->send(one, peer, tag);
+      work = group.send(one, peer, tag);
     } catch (const std::exception& e) {
       throw PeerError(c10::str(where(i, inst), ": the send to rank ", peer, " failed: ",
                                errorText(e)), peer);

@@ -62,6 +62,11 @@ struct RankExecutorOptions {
   /// Record the measured start and end of each of this rank's instructions
   /// (lastTrace).
   bool record_trace = false;
+  /// When set (a group of the same ranks, in the same order): the transfers
+  /// from a higher rank to a lower one go over it, the others over `group`,
+  /// so each direction between two ranks has communicators and, over NCCL,
+  /// a stream of its own (Note [One stream per direction], rank_executor.cpp).
+  c10::intrusive_ptr<c10d::ProcessGroup> reverse_group;
 };
 
 /// Example (rank r of a group of 2, running a 2-device program):

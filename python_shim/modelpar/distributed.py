@@ -211,6 +211,33 @@ def keep_homes(program: Any, key: Any, training: bool) -> Any:
     return _C.rehome_inputs(program, moves) if moves else program
 
 
+# group name -> the group carrying its transfers from higher to lower ranks
+_reverse_groups: dict[str, Any] = {}
+
+
+def _reverse_group(group: Any, backend: str) -> Any:
+    """A second group of the same ranks for the transfers from a higher rank
+    to a lower one (Note [One stream per direction] in
+    runtime/rank_executor.cpp): over NCCL, where c10d runs both directions
+    of a pair on one stream; on any backend with MODELPAR_REVERSE_GROUP=1 (to
+    test it on Gloo); none with MODELPAR_REVERSE_GROUP=0. Made once per group,
+    by every rank at its first executor (new_group is collective over the
+    world, so only for the default group; None otherwise)."""
+    import os
+
+    import torch.distributed as dist
+    wanted = os.environ.get("MODELPAR_REVERSE_GROUP")
+    if wanted == "0" or (wanted != "1" and "nccl" not in backend):
+        return None
+    if group is not dist.distributed_c10d._get_default_group():
+        return None
+    name = group.group_name
+    if name not in _reverse_groups:
+        _reverse_groups[name] = dist.new_group(ranks=dist.get_process_group_ranks(group),
+                                               backend=backend)
+    return _reverse_groups[name]
+
+
 # Note [Letting go of the group at exit]
 # A RankExecutor holds its process group (the Python object and, in C++, the
 # c10d backend), and compiled functions keep their executors for the life of
@@ -250,10 +277,12 @@ class RankExecutor:
         self.timeout_s = timeout_s
         self.rank_now = dist.get_rank(group)
         self.input_devices = list(_C.input_devices(program))
+        reverse = _reverse_group(group, self.backend)
         self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
                                    output_homes=[tuple(h) for h in output_homes], verify=verify,
-                                   record_trace=record_trace)
+                                   record_trace=record_trace,
+                                   reverse_group_name=reverse.group_name if reverse else "")
         _live_executors.add(self)
 
     def chrome_trace(self) -> str:

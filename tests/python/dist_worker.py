@@ -224,7 +224,9 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         searched = {"machine": rec.search_machine,
                     "candidates": [(c["label"], c["status"], c["step_us"], c["chosen"])
                                    for c in rec.candidates]}
+    from modelpar import distributed as mp_dist
     _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
+            reverse_group=bool(mp_dist._reverse_groups),
             plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference,
             traced=traced, materialized=materialized)
 

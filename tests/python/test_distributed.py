@@ -151,6 +151,19 @@ def test_real_models_train_over_ranks_like_eager(case: str, schedule: str) -> No
     assert all(want in r["plan"] for r in results), [r["plan"] for r in results]
 
 
+@pytest.mark.parametrize("world,case,schedule", [(2, "gpt", "1f1b"), (4, "gpt", "none")])
+def test_a_group_per_direction_trains_like_one(world: int, case: str, schedule: str,
+                                               monkeypatch) -> None:
+    # Note [One stream per direction]: over NCCL the transfers from higher to
+    # lower ranks go over a second group; MODELPAR_REVERSE_GROUP=1 does the
+    # same on Gloo, where the worker checks the same losses, gradients and
+    # parameters against eager.
+    monkeypatch.setenv("MODELPAR_REVERSE_GROUP", "1")
+    results = _all_ok(_launch(world, "train", case, "3", schedule))
+    assert all(r["losses"] == results[0]["losses"] for r in results)
+    assert all(r["reverse_group"] for r in results), results
+
+
 @pytest.mark.parametrize("world,case", [(2, "mlp"), (2, "cnn")])
 def test_auto_strategy_over_ranks_plans_on_rank_0s_measurements(world: int, case: str,
                                                                  tmp_path, monkeypatch) -> None:

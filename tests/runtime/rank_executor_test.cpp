@@ -16,6 +16,7 @@
 #include <exception>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <tuple>
 
@@ -214,6 +215,60 @@ TEST(RankExecutor, APeerThatNeverSendsIsAPeerErrorNamingItWithinTheTimeout) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   EXPECT_HAS(messageOf<ExecutionError>([&] { ex.run(mlpInputs()); }), "a previous step failed");
+}
+
+// Note [One stream per direction]: with a reverse group, the transfers from
+// rank 1 to rank 0 (the pipeline's gradients) travel over it and those from
+// 0 to 1 (activations) over the main group; the step still equals the
+// reference interpreter's.
+TEST(RankExecutor, WithAReverseGroupEachDirectionHasAGroupOfItsOwn) {
+  const ir::Program p = mlpPipeline();
+  Wire up, down;  // main group (0 -> 1), reverse group (1 -> 0)
+  std::vector<std::unique_ptr<RankExecutor>> ex;
+  for (int r = 0; r < 2; ++r) {
+    RankExecutorOptions o;
+    o.replicated_outputs = {0};
+    o.reverse_group = loopbackGroup(down, r, 2);
+    ex.push_back(std::make_unique<RankExecutor>(p, loopbackGroup(up, r, 2), o));
+  }
+  const std::vector<IValue> in = mlpInputs();
+  const std::vector<IValue> want = ProgramInterpreter(p).run(in);
+  std::vector<std::vector<IValue>> got(2);
+  std::vector<std::exception_ptr> err(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        got[static_cast<size_t>(r)] = ex[static_cast<size_t>(r)]->run(in);
+      } catch (...) {
+        err[static_cast<size_t>(r)] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    if (err[static_cast<size_t>(r)]) std::rethrow_exception(err[static_cast<size_t>(r)]);
+  }
+  EXPECT_TRUE(at::equal(got[0][0].toTensor(), want[0].toTensor()));
+  EXPECT_TRUE(at::equal(got[0][1].toTensor(), want[1].toTensor()));
+  EXPECT_TRUE(at::equal(got[1][2].toTensor(), want[2].toTensor()));
+  auto directions = [](const Wire& w) {
+    std::set<std::pair<int, int>> out;
+    for (const auto& [key, q] : w.box) {
+      if (std::get<2>(key) != kBroadcastTag) out.emplace(std::get<0>(key), std::get<1>(key));
+    }
+    return out;
+  };
+  EXPECT_EQ(directions(up), (std::set<std::pair<int, int>>{{0, 1}}));
+  EXPECT_EQ(directions(down), (std::set<std::pair<int, int>>{{1, 0}}));
+}
+
+TEST(RankExecutor, AReverseGroupOfOtherRanksIsAConfigError) {
+  Wire wire, other;
+  RankExecutorOptions o;
+  o.reverse_group = loopbackGroup(other, 1, 2);
+  EXPECT_HAS(messageOf<ConfigError>([&] { RankExecutor(mlpPipeline(), loopbackGroup(wire, 0, 2), o); }),
+             "the reverse group has rank 1 of 2 but the group rank 0 of 2");
 }
 
 TEST(RankExecutor, AGroupOfAnotherSizeIsAConfigError) {
