@@ -22,8 +22,10 @@ Per model of tests/python/models.py, at 4x its test batch:
    one (measured: gpt's one-device plan, timed first, once ran 1.6x its
    usual step through all 15 of its runs).
 3. Reported per model: the chosen candidate's measured step against the best
-   measured candidate (goal: within 5 %), and the simulator's fidelity over
-   the candidates that ran: Spearman's rank correlation of simulated and
+   measured candidate the search could choose (goal: within 5 %; for the CNN
+   not its pipelines, which would normalise batch norm per micro-batch), and
+   the simulator's fidelity over all the candidates that ran (with deferred
+   batch norm): Spearman's rank correlation of simulated and
    measured steps (goal >= 0.95) and the mean absolute relative error
    |simulated - measured| / measured (goal <= 10 %).
 
@@ -166,7 +168,12 @@ def bench_model(name: str, devices: int, runs: int) -> dict:
             for c, t in zip(ok, times)]
     sim = [r["simulated_us"] for r in rows]
     meas = [r["measured_us"] for r in rows]
-    best = min(rows, key=lambda r: r["measured_us"])
+    # The chosen plan is compared with the best the search could choose: not
+    # the pipelines that defer batch norm, which strategy="auto" refuses (Note
+    # [The searched step keeps the model's math]) but which are still run for
+    # the simulator's fidelity, which does not depend on their semantics.
+    choosable = {c["label"] for c in search.candidates if c["status"] in ("ok", "pruned")}
+    best = min((r for r in rows if r["label"] in choosable), key=lambda r: r["measured_us"])
     chosen = next(r for r in rows if r["label"] == chosen_label)
     return {"model": name, "batch": batch, "nodes": graph.num_nodes,
             "candidates": len(full.candidates), "ran": len(rows),
