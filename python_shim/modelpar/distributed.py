@@ -211,8 +211,9 @@ def keep_homes(program: Any, key: Any, training: bool) -> Any:
     return _C.rehome_inputs(program, moves) if moves else program
 
 
-# group name -> the group carrying its transfers from higher to lower ranks
-_reverse_groups: dict[str, Any] = {}
+# id(group) -> (group, the group carrying its transfers from higher to lower
+# ranks); the group is kept so that its id is not reused by a new one
+_reverse_groups: dict[int, tuple[Any, Any]] = {}
 
 
 def _reverse_group(group: Any, backend: str) -> Any:
@@ -231,11 +232,10 @@ def _reverse_group(group: Any, backend: str) -> Any:
         return None
     if group is not dist.distributed_c10d._get_default_group():
         return None
-    name = group.group_name
-    if name not in _reverse_groups:
-        _reverse_groups[name] = dist.new_group(ranks=dist.get_process_group_ranks(group),
-                                               backend=backend)
-    return _reverse_groups[name]
+    if id(group) not in _reverse_groups:
+        _reverse_groups[id(group)] = (group, dist.new_group(
+            ranks=dist.get_process_group_ranks(group), backend=backend))
+    return _reverse_groups[id(group)][1]
 
 
 # Note [Letting go of the group at exit]
@@ -255,6 +255,7 @@ _live_executors: "weakref.WeakSet[RankExecutor]" = weakref.WeakSet()
 def _close_executors() -> None:
     for ex in list(_live_executors):
         ex.close()
+    _reverse_groups.clear()  # made by modelpar: let go of them too
     gc.collect()
 
 

@@ -134,11 +134,11 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
 
 
 @pytest.mark.parametrize("case,schedule", [("llama", "none"), ("gpt2", "gpipe"),
-                                           ("bert", "1f1b"), ("t5", "none"), ("vit", "1f1b*"),
-                                           ("resnet", "none")])
+                                           ("bert", "1f1b"), ("resnet", "none")])
 def test_real_models_train_over_ranks_like_eager(case: str, schedule: str) -> None:
     # Transformers models of tests/python/zoo.py (random init, unmodified)
-    # over 2 ranks, placed (m-ETF) or pipelined, the loss computed inside:
+    # over 2 ranks, placed (m-ETF) or pipelined, the loss computed inside (T5,
+    # ViT and the other decoders pass too, 10-34 s each: kept out of CI):
     # losses, every gradient and the parameters after 3 steps equal eager, and
     # so does an inference step (the worker checks them). ResNet's pipelines
     # normalise per micro-batch (DeferredBatchNorm), unlike eager: placed only.
@@ -151,13 +151,13 @@ def test_real_models_train_over_ranks_like_eager(case: str, schedule: str) -> No
     assert all(want in r["plan"] for r in results), [r["plan"] for r in results]
 
 
-@pytest.mark.parametrize("world,case,schedule", [(2, "gpt", "1f1b"), (4, "gpt", "none")])
+@pytest.mark.parametrize("world,case,schedule", [(2, "gpt", "1f1b")])
 def test_a_group_per_direction_trains_like_one(world: int, case: str, schedule: str,
                                                monkeypatch) -> None:
     # Note [One stream per direction]: over NCCL the transfers from higher to
     # lower ranks go over a second group; MODELPAR_REVERSE_GROUP=1 does the
     # same on Gloo, where the worker checks the same losses, gradients and
-    # parameters against eager.
+    # parameters against eager (4 ranks, m-ETF: passes too, 50 s).
     monkeypatch.setenv("MODELPAR_REVERSE_GROUP", "1")
     results = _all_ok(_launch(world, "train", case, "3", schedule))
     assert all(r["losses"] == results[0]["losses"] for r in results)
