@@ -124,6 +124,29 @@ std::vector<IValue> mlpInputs() {
   return {at::randn({8, 16}), at::randn({8, 4}), at::randn({16, 32}), at::randn({32, 4})};
 }
 
+// One step of every rank's executor, each on a thread of its own (a rank
+// waits for its peers); rethrows the first rank's error.
+std::vector<std::vector<IValue>> runRanks(std::vector<std::unique_ptr<RankExecutor>>& ex,
+                                          const std::vector<IValue>& in) {
+  std::vector<std::vector<IValue>> got(ex.size());
+  std::vector<std::exception_ptr> err(ex.size());
+  std::vector<std::thread> ranks;
+  for (size_t r = 0; r < ex.size(); ++r) {
+    ranks.emplace_back([&, r] {
+      try {
+        got[r] = ex[r]->run(in);
+      } catch (...) {
+        err[r] = std::current_exception();
+      }
+    });
+  }
+  for (std::thread& t : ranks) t.join();
+  for (const std::exception_ptr& e : err) {
+    if (e) std::rethrow_exception(e);
+  }
+  return got;
+}
+
 // The hand-written 2-device pipeline (examples/ir/mlp_pipeline_2dev.txt:
 // outputs %loss, %w1_new on device 0, %w2_new on device 1), one thread per
 // rank, %loss replicated: every output equals the reference interpreter's on
@@ -140,21 +163,8 @@ TEST(RankExecutor, TwoRanksOfAPipelineEqualTheReferenceInterpreter) {
   for (int step = 0; step < 2; ++step) {
     const std::vector<IValue> in = mlpInputs();
     const std::vector<IValue> want = ProgramInterpreter(p).run(in);
-    std::vector<std::vector<IValue>> got(2);
-    std::vector<std::exception_ptr> err(2);
-    std::vector<std::thread> ranks;
+    const std::vector<std::vector<IValue>> got = runRanks(ex, in);
     for (int r = 0; r < 2; ++r) {
-      ranks.emplace_back([&, r] {
-        try {
-          got[static_cast<size_t>(r)] = ex[static_cast<size_t>(r)]->run(in);
-        } catch (...) {
-          err[static_cast<size_t>(r)] = std::current_exception();
-        }
-      });
-    }
-    for (std::thread& t : ranks) t.join();
-    for (int r = 0; r < 2; ++r) {
-      if (err[static_cast<size_t>(r)]) std::rethrow_exception(err[static_cast<size_t>(r)]);
       EXPECT_TRUE(at::equal(got[static_cast<size_t>(r)][0].toTensor(), want[0].toTensor())) << "loss, rank " << r;
     }
     EXPECT_TRUE(at::equal(got[0][1].toTensor(), want[1].toTensor()));  // w1_new on rank 0
@@ -174,10 +184,7 @@ TEST(RankExecutor, ATraceHoldsThisRanksInstructionsOnly) {
   o.record_trace = true;
   std::vector<std::unique_ptr<RankExecutor>> ex;
   for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<RankExecutor>(p, loopbackGroup(wire, r, 2), o));
-  const std::vector<IValue> in = mlpInputs();
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) ranks.emplace_back([&, r] { ex[static_cast<size_t>(r)]->run(in); });
-  for (std::thread& t : ranks) t.join();
+  runRanks(ex, mlpInputs());
   for (int r = 0; r < 2; ++r) {
     const ExecutionTrace& t = ex[static_cast<size_t>(r)]->lastTrace();
     ASSERT_EQ(t.host.size(), 2u);
@@ -233,22 +240,7 @@ TEST(RankExecutor, WithAReverseGroupEachDirectionHasAGroupOfItsOwn) {
   }
   const std::vector<IValue> in = mlpInputs();
   const std::vector<IValue> want = ProgramInterpreter(p).run(in);
-  std::vector<std::vector<IValue>> got(2);
-  std::vector<std::exception_ptr> err(2);
-  std::vector<std::thread> ranks;
-  for (int r = 0; r < 2; ++r) {
-    ranks.emplace_back([&, r] {
-      try {
-        got[static_cast<size_t>(r)] = ex[static_cast<size_t>(r)]->run(in);
-      } catch (...) {
-        err[static_cast<size_t>(r)] = std::current_exception();
-      }
-    });
-  }
-  for (std::thread& t : ranks) t.join();
-  for (int r = 0; r < 2; ++r) {
-    if (err[static_cast<size_t>(r)]) std::rethrow_exception(err[static_cast<size_t>(r)]);
-  }
+  const std::vector<std::vector<IValue>> got = runRanks(ex, in);
   EXPECT_TRUE(at::equal(got[0][0].toTensor(), want[0].toTensor()));
   EXPECT_TRUE(at::equal(got[0][1].toTensor(), want[1].toTensor()));
   EXPECT_TRUE(at::equal(got[1][2].toTensor(), want[2].toTensor()));
