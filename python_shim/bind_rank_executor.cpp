@@ -34,22 +34,18 @@ void bindRankExecutor(py::module_& m) {
                        const std::string& reverse_group_name) {
              MP_RT_CHECK(timeout_s > 0, ConfigError, "modelpar rank executor: timeout must be > 0 s, got ",
                          timeout_s);
-             c10::intrusive_ptr<c10d::ProcessGroup> group;
-             try {
-               group = c10d::resolve_process_group(group_name);
-             } catch (const std::exception& e) {
-               MP_RT_THROW(ConfigError, "modelpar rank executor: no process group named '", group_name,
-                           "' (is torch.distributed initialised?)");
-             }
-             runtime::RankExecutorOptions o;
-             if (!reverse_group_name.empty()) {
+             auto resolve = [](const std::string& name, const char* hint) {
                try {
-                 o.reverse_group = c10d::resolve_process_group(reverse_group_name);
-               } catch (const std::exception& e) {
-                 MP_RT_THROW(ConfigError, "modelpar rank executor: no process group named '",
-                             reverse_group_name, "' (the reverse group)");
+                 return c10d::resolve_process_group(name);
+               } catch (const std::exception&) {
+                 MP_RT_THROW(ConfigError, "modelpar rank executor: no process group named '", name,
+                             "' (", hint, ")");
                }
-             }
+             };
+             c10::intrusive_ptr<c10d::ProcessGroup> group =
+                 resolve(group_name, "is torch.distributed initialised?");
+             runtime::RankExecutorOptions o;
+             if (!reverse_group_name.empty()) o.reverse_group = resolve(reverse_group_name, "the reverse group");
              o.verify = verify;
              o.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000.0));
              o.device = c10::Device(device);

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 
-#include "ir/verifier.h"
 #include "runtime/check.h"
 
 namespace modelpar::runtime {
@@ -69,22 +68,20 @@ ir::Program receiveInSendOrder(const ir::Program& p) {
         continue;
       }
       const std::vector<ir::ValueId>& order = sent[a][b];
-      MP_RT_CHECK(std::find(order.begin() + static_cast<std::ptrdiff_t>(next[a]), order.end(),
-                            inst.value) != order.end(),
-                  InvalidIrError, "modelpar rank executor: device ", b, " receives %",
-                  p.graph().value(inst.value).name, " from device ", a,
-                  ", which does not send it (then or later); run ir::verify");
       // Everything a sent before v and b has not yet received, then v.
-      while (next[a] < order.size()) {
+      bool found = false;
+      while (!found && next[a] < order.size()) {
         const ir::ValueId u = order[next[a]++];
         list.push_back(ir::Instruction::recv(u, inst.peer));
-        if (u == inst.value) break;
-        ahead.push_back(u);
+        found = u == inst.value;
+        if (!found) ahead.push_back(u);
       }
+      MP_RT_CHECK(found, InvalidIrError, "modelpar rank executor: device ", b, " receives %",
+                  p.graph().value(inst.value).name, " from device ", a,
+                  ", which does not send it (then or later); run ir::verify");
     }
     out.schedule(static_cast<int>(b)) = std::move(list);
   }
-  ir::verify(out);
   return out;
 }
 

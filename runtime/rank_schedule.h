@@ -26,8 +26,9 @@ OutputPlaces outputPlaces(const ir::Program& p);
 /// yet are received first, right there, and their later receives go. That
 /// adds no wait: a sends them before v, and sends never block, so they are
 /// in b's mailbox whenever v is (Note [Program semantics]); a received value
-/// only lives longer. Runs, sends and frees keep their order; the result is
-/// verified.
+/// only lives longer. Runs, sends and frees keep their order. A receive of a
+/// value its peer does not send is an InvalidIrError; the caller verifies
+/// the result (the rank executor does, with `verify` on).
 ir::Program receiveInSendOrder(const ir::Program& p);
 
 /// ConfigError unless, for every pair of devices (a, b), the values a sends

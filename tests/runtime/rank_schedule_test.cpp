@@ -8,6 +8,7 @@
 #include "ir/error.h"
 #include "ir/parser.h"
 #include "ir/printer.h"
+#include "ir/verifier.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
 
@@ -83,6 +84,7 @@ device 2 {
 }
 )");
   const ir::Program q = receiveInSendOrder(p);
+  EXPECT_NO_THROW(ir::verify(q));
   EXPECT_NO_THROW(checkPairOrder(q));
   std::vector<std::string> got;
   for (const ir::Instruction& i : q.schedule(2)) got.push_back(ir::printInstruction(q.graph(), i));
