@@ -17,7 +17,6 @@
 #include "passes/cost/calibrate.h"
 #include "passes/cost/cost_model.h"
 #include "passes/lower/chrome_trace.h"
-#include "passes/lower/rehome_inputs.h"
 #include "passes/pipeline/checkpoint.h"
 #include "passes/pipeline/layer_chain.h"
 #include "passes/pipeline/microbatch.h"
@@ -26,6 +25,7 @@
 #include "passes/plan_joint.h"
 #include "passes/plan_pipeline.h"
 #include "passes/plan_placement.h"
+#include "passes/plan_rehome.h"
 
 namespace py = pybind11;
 
@@ -133,6 +133,15 @@ void bindPlacement(py::module_& m) {
                    "summary.")
       .def("summary", &PlacementPlan::summary)
       .def("__str__", &PlacementPlan::summary)
+      .def(
+          "with_inputs_at_home",
+          [](const PlacementPlan& p, const passes::InputHomes& homes) {
+            return passes::rehomePlanInputs(p, homes);
+          },
+          py::arg("homes"),
+          "This plan with each (graph input name, device) of `homes` bound on that device and "
+          "sent from there to where the program reads it, its step simulated again "
+          "(passes/plan_rehome.h).")
       .def("__repr__", [](const PlacementPlan& p) {
         return c10::str("<modelpar.PlacementPlan @", p.program.graph().name(), ": ",
                         p.placement.placer, " on ", p.placement.num_devices, " devices, step ",
@@ -429,6 +438,15 @@ void bindPipeline(py::module_& m) {
       "pass statistics. str() is the summary.")
       .def("summary", &passes::PipelinePlan::summary)
       .def("__str__", &passes::PipelinePlan::summary)
+      .def(
+          "with_inputs_at_home",
+          [](const passes::PipelinePlan& p, const passes::InputHomes& homes) {
+            return passes::rehomePlanInputs(p, homes);
+          },
+          py::arg("homes"),
+          "This plan with each (graph input name, device) of `homes` bound on that device and "
+          "sent from there to where the program reads it, its step simulated again "
+          "(passes/plan_rehome.h).")
       .def("__repr__",
            [](const passes::PipelinePlan& p) {
              return c10::str("<modelpar.PipelinePlan ", p.numStages(), " stages, ",
@@ -597,14 +615,6 @@ void bindPipeline(py::module_& m) {
       py::arg("plan"),
       "passes::splitPhases of a PipelinePlan: (first Program, second Program, carried names).");
   m.def("microbatch_sizes", &passes::microbatchSizes, py::arg("batch"), py::arg("microbatches"));
-  m.def(
-      "rehome_inputs",
-      [](const ir::Program& p, const std::vector<std::pair<std::string, int>>& homes) {
-        return passes::rehomeInputs(p, homes);
-      },
-      py::arg("program"), py::arg("homes"),
-      "passes::rehomeInputs: the program with each (input name, device) of `homes` bound on "
-      "that device and sent from there to where the program read it.");
 }
 
 }  // namespace

@@ -525,6 +525,10 @@ class _Capture:
         if self.opts.world and kind is GraphKind.FORWARD:
             _world_layers.setdefault(self.plan_key(), {}).update(placement.layer_devices)
         if self.opts.world:
+            from .distributed import keep_homes
+            if kind is not GraphKind.BACKWARD:
+                placement = keep_homes(placement, self.plan_key(),
+                                       training=kind is GraphKind.FORWARD)
             return placement, self.on_ranks(placement.program, kind, imported)
         ex = Executor(placement.program, device_map=self.opts.executor_device_map, threads_per_device=1,
                       record_trace=self.opts.trace is not None,
@@ -550,11 +554,9 @@ class _Capture:
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, check_same_plan, keep_homes
+        from .distributed import RankExecutor, check_same_plan
         check_same_plan(str(program), self.opts.process_group,
                         f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
-        if kind is not GraphKind.BACKWARD:
-            program = keep_homes(program, self.plan_key(), training=kind is GraphKind.FORWARD)
         if kind is GraphKind.BACKWARD:
             replicated: list[int] = []
         elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:

@@ -249,6 +249,14 @@ class PipelineStep:
         else:
             programs = [plan.program]
         if self.opts.world:
+            # Note [One home per parameter] (distributed.py): only a graph
+            # that does not train moves inputs, and it runs in step mode, as
+            # the plan's one program.
+            from .distributed import keep_homes
+            plan = keep_homes(plan, (self.record.filename, self.record.function, self.record.line),
+                              training=self.graph_kind == "training", program=programs[0])
+            if self.mode != "split":
+                programs = [plan.program]
             self.built_programs = programs
             executors = [self.on_ranks(p, k, batch) for k, p in enumerate(programs)]
         else:
@@ -297,14 +305,10 @@ class PipelineStep:
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, check_same_plan, keep_homes
+        from .distributed import RankExecutor, check_same_plan
         check_same_plan(str(program), self.opts.process_group,
                         f"the pipelined step of {self.name} at batch {batch}",
                         self.opts.peer_timeout)
-        if k == 0:  # the program that binds the forward's inputs
-            program = keep_homes(program,
-                                 (self.record.filename, self.record.function, self.record.line),
-                                 training=self.graph_kind == "training")
         index = {n: i for i, n in enumerate(program.graph.output_names)}
         replicated = sorted({index[n] for n in self.fw_out_names if n and n in index})
         # A gradient goes to the rank that binds its parameter (and so updates

@@ -188,15 +188,18 @@ def check_backend(group: Any, example_inputs: Sequence[Any]) -> str:
 _homes: dict[Any, dict[str, int]] = {}
 
 
-def keep_homes(program: Any, key: Any, training: bool) -> Any:
-    """The program to run for ``program``, a graph of the user function
-    ``key``: a training step's records where it binds each parameter and
-    buffer (its home) and is returned as it is; any other graph (an inference
-    graph under no_grad, planned apart) is returned with every parameter and
-    buffer it binds elsewhere moved home and sent from there
-    (passes/lower/rehome_inputs.h; Note [One home per parameter]). Every rank
-    holds the same program (check_same_plan) and the same homes, so every
-    rank rewrites alike."""
+def keep_homes(plan: Any, key: Any, training: bool, program: Any = None) -> Any:
+    """The plan to run for ``plan`` (a PlacementPlan or PipelinePlan of the
+    user function ``key``; ``program``: the one of its programs that binds
+    the forward's inputs, its own by default). A training step's records
+    where that program binds each parameter and buffer (its home) and is
+    returned as it is; any other graph (an inference graph under no_grad,
+    planned apart) is returned with every parameter and buffer it binds
+    elsewhere moved home and sent from there, and its step simulated again
+    with those transfers (passes/plan_rehome.h; Note [One home per
+    parameter]). Every rank holds the same plan (check_same_plan) and the
+    same homes, so every rank rewrites alike."""
+    program = plan.program if program is None else program
     graph = program.graph
     places = zip(graph.input_names, _C.graph_input_roles(graph), _C.input_devices(program))
     homes = _homes.setdefault(key, {})
@@ -208,7 +211,7 @@ def keep_homes(program: Any, key: Any, training: bool) -> Any:
             homes[name] = device
         elif homes.get(name, device) != device:
             moves.append((name, homes[name]))
-    return _C.rehome_inputs(program, moves) if moves else program
+    return plan.with_inputs_at_home(moves) if moves else plan
 
 
 # id(group) -> (group, the group carrying its transfers from higher to lower
@@ -451,7 +454,9 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
 # keep_homes() moves each such parameter to the rank the training step binds
 # it on, at compile time, by input name, on every rank alike (their programs
 # are the same): that rank sends it, first thing in the step, to the rank
-# that computes with it (passes/lower/rehome_inputs.h). As a safety net the
+# that computes with it (passes/lower/rehome_inputs.h), and the plan that
+# plans() reports is simulated again with those transfers
+# (passes/plan_rehome.h). As a safety net the
 # rank executor's wrapper also remembers where each parameter tensor was
 # bound and refuses a run that binds it elsewhere (a graph of another
 # torch.compile of the model, whose training homes are not known).

@@ -217,6 +217,16 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     with torch.no_grad():
         tol.assert_close(fast(x, y), case.loss(eager, x, y), msg=lambda m: f"inference: {m}")
     inference = "ok"
+    # The plan plans() reports for it is the one that ran: every parameter
+    # bound on the rank that owns it, and a `rehome-inputs` row (its step
+    # simulated again with the added transfers) when any had to move.
+    rec = modelpar.plans()[-1]
+    evaluated = rec.pipeline or rec.joint or rec.graphs["inference"].placement
+    bound = dict(zip(evaluated.program.graph.input_names,
+                     modelpar._C.input_devices(evaluated.program)))
+    misplaced = {n: (bound[n], r) for n, r in owners.items() if n in bound and bound[n] != r}
+    assert not misplaced, f"inference binds parameters off their owners: {misplaced}"
+    rehomed = "rehome-inputs" in str(evaluated)
     own = sorted(owners)
     searched = None
     if pipeline == "auto":
@@ -227,7 +237,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     from modelpar import distributed as mp_dist
     _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
             reverse_group=bool(mp_dist._reverse_groups),
-            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference,
+            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed,
             traced=traced, materialized=materialized)
 
 
