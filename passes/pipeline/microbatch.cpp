@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string_view>
 
 #include "ir/check.h"
 #include "ir/node_copy.h"
@@ -29,6 +31,34 @@ bool readsItsArgumentForMetadataOnly(std::string_view op) {
     if (op == m) return true;
   }
   return false;
+}
+
+// Note [Row-group offsets]
+// ~~~~~~~~~~~~~~~~~~~~~~~~
+// A mixture-of-experts layer (transformers' Mixtral, Qwen-MoE, OLMoE, ...
+// with their default "grouped_mm" experts) sorts its (token, expert) rows by
+// expert, counts the rows of each expert over the whole batch
+// (aten::histc), and turns the counts into group ends (aten::cumsum) for a
+// grouped matmul, which multiplies rows [offs[g-1], offs[g]) by expert g's
+// weight. The counts reduce over the batch, but they say nothing about the
+// data: only where each expert's group of sorted rows ends. Per micro-batch
+// they are computed from that micro-batch's own rows, sorted the same way,
+// so every row meets its expert's weight as in the full batch and the step
+// is the full batch's (the weight gradients sum over micro-batches, like
+// any other). A value without a batch dimension computed from batched data
+// is therefore exact per micro-batch when every use of it, directly or
+// through other such values, is the offsets argument of one of these ops,
+// and nothing else reads or returns it.
+
+/// Grouped matmuls and the index of their row-group offsets argument
+/// (`offs`): PyTorch's, and the fallback transformers registers for fp32
+/// under torch.compile (forward and backward).
+std::optional<size_t> rowGroupArgument(std::string_view op) {
+  if (op == "aten::_grouped_mm" || op == "transformers::grouped_mm_fallback" ||
+      op == "transformers::grouped_mm_fallback_backward") {
+    return 2;
+  }
+  return std::nullopt;
 }
 
 /// What to say when a batch-norm op's statistics stop the split.
@@ -299,6 +329,7 @@ void Microbatcher::checkExactness() const {
       const Type& t = g_.value(o).type;
       if (!t.isTensor() || hasBatchDim(o)) continue;
       if (std::optional<int64_t> n = t.numel(); n && *n == 0) continue;
+      if (onlyGroupsRows(o)) continue;  // Note [Row-group offsets]
       // The GPU attention kernels also return their dropout RNG state
       // (philox seed and offset) and sequence bookkeeping as int64 tensors
       // without a batch dimension; only their backward reads them, per
@@ -310,6 +341,36 @@ void Microbatcher::checkExactness() const {
                kWho, g_.name(), g_.value(o).name, nd.qualifiedName(), batchNormHint(nd.op, o_.batch_norm));
     }
   }
+}
+
+bool Microbatcher::onlyGroupsRows(ValueId v) const {
+  std::vector<char> seen(g_.numValues(), 0);
+  std::vector<ValueId> work{v};
+  bool grouped = false;
+  while (!work.empty()) {
+    const ValueId x = work.back();
+    work.pop_back();
+    if (seen[static_cast<size_t>(x)]++ != 0) continue;
+    if (is_output_[static_cast<size_t>(x)] != 0) return false;
+    for (NodeId u : users_[static_cast<size_t>(x)]) {
+      const ir::Node& un = g_.node(u);
+      if (std::optional<size_t> k = rowGroupArgument(un.op)) {
+        // x must be the offsets and nothing else of this node.
+        for (size_t a = 0; a < un.args.size(); ++a) {
+          bool reads = false;
+          un.args[a].forEachValue([&](ValueId w) { reads |= w == x; });
+          if (reads && a != *k) return false;
+        }
+        grouped = true;
+        continue;
+      }
+      for (ValueId o : un.outputs) {  // on through values that still lack the batch
+        if (hasBatchDim(o)) return false;
+        work.push_back(o);
+      }
+    }
+  }
+  return grouped;
 }
 
 // 6. The new graph: shared nodes, then per micro-batch (slices, seed scale,

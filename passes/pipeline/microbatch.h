@@ -42,7 +42,9 @@
 // as a forward: its batched outputs are concatenated). Refuses
 // (UnsupportedOpError naming the node) what cannot be exact: a value without
 // the batch dimension computed from batched data in the forward that is not
-// the loss (batch-norm statistics, unless batch_norm = Deferred, below),
+// the loss (batch-norm statistics, unless batch_norm = Deferred, below;
+// not a mixture-of-experts layer's expert counts that only mark a grouped
+// matmul's row groups: Note [Row-group offsets] in microbatch.cpp),
 // a loss that is not a weighted sum of its micro-batches' losses, random ops
 // (unless allow_random), in-place ops on shared values, sizes derived from
 // the batch leaving the micro-batches. Guarantees: the caller's graph is not

@@ -95,6 +95,10 @@ class Microbatcher {
   void decideCombinations();
   // 5. Random ops, in-place ops on shared values, batch statistics, the loss path.
   void checkExactness() const;
+  // Whether every use of v, directly or through values without a batch
+  // dimension, is the row-group argument of a grouped matmul (Note [Row-group
+  // offsets] in microbatch.cpp).
+  bool onlyGroupsRows(ValueId v) const;
   // A node between the batch reduction and the loss must keep the loss a
   // weighted sum: an add/sub of loss terms (a constant term only when the
   // weights sum to 1, i.e. a mean), a product with one loss factor, ...

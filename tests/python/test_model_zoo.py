@@ -1,7 +1,7 @@
-"""Transparency on real models: eight architectures from Hugging Face
+"""Transparency on real models: twelve architectures from Hugging Face
 transformers (tests/python/zoo.py: decoder-only LMs with rotary embeddings and
-grouped-query attention, an encoder, an encoder-decoder, a vision transformer,
-a CNN with batch norm), unmodified and without mark_dynamic, trained for three
+grouped-query attention, a mixture of experts, an encoder, two
+encoder-decoders, two vision transformers, two CNNs), unmodified and without mark_dynamic, trained for three
 momentum-SGD steps through every mode: one device, two placed devices (m-ETF,
 m-SCT), pipelines on two CPU workers (GPipe with the loss outside; 1F1B and
 1F1B* with the loss compiled in) x checkpoint {never, except_last}, and the

@@ -17,6 +17,10 @@ loss outside (`predict` + `loss`: GPipe's split mode).
 | `t5` | encoder-decoder | relative position buckets, shifted decoder inputs, cross attention |
 | `vit` | vision transformer | patch embedding (conv), CLS token, position embeddings |
 | `resnet` | CNN | convolutions, batch norm (running statistics), pooling |
+| `mixtral` | mixture-of-experts LM | top-2 routing, rows sorted by expert, expert counts (histc) as a grouped matmul's row groups |
+| `bart` | encoder-decoder | learned positions, shifted decoder inputs, cross attention, tied embeddings |
+| `convnext` | CNN | depthwise 7x7 convolutions, channels-last LayerNorm, layer scale |
+| `swin` | vision transformer | shifted windows (roll, window partition), relative position bias, patch merging |
 """
 
 from __future__ import annotations
@@ -133,6 +137,33 @@ def _resnet() -> nn.Module:
     return transformers.ResNetForImageClassification(cfg)
 
 
+def _bart() -> nn.Module:
+    import transformers
+    cfg = transformers.BartConfig(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+                                  encoder_attention_heads=4, decoder_attention_heads=4,
+                                  encoder_ffn_dim=64, decoder_ffn_dim=64,
+                                  max_position_embeddings=2 * SEQ, dropout=0.0,
+                                  attention_dropout=0.0, activation_dropout=0.0)
+    return transformers.BartForConditionalGeneration(cfg)
+
+
+def _convnext() -> nn.Module:
+    import transformers
+    cfg = transformers.ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1],
+                                      num_stages=2, image_size=16, patch_size=2,
+                                      drop_path_rate=0.0, num_labels=CLASSES)
+    return transformers.ConvNextForImageClassification(cfg)
+
+
+def _swin() -> nn.Module:
+    import transformers
+    cfg = transformers.SwinConfig(image_size=16, patch_size=2, num_channels=3, embed_dim=16,
+                                  depths=[1, 1], num_heads=[2, 2], window_size=4,
+                                  hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                  drop_path_rate=0.0, num_labels=CLASSES)
+    return transformers.SwinForImageClassification(cfg)
+
+
 def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return model(x).logits
 
@@ -140,6 +171,7 @@ def _logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _t5_logits(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     # The decoder reads the target shifted right (teacher forcing); here the
     # target is the input rolled by one, so the decoder input is a function of x.
+    # (BART's decoder is fed the same way.)
     return model(input_ids=x, decoder_input_ids=torch.roll(x, 1, dims=1)).logits
 
 
@@ -161,4 +193,14 @@ ZOO: dict[str, ZooCase] = {
     # batch norm over 4 x 8 x 8 positions = 256 after the stem; 5 convolutions deep
     "resnet": ZooCase(_seeded(_resnet), _images, _logits, F.cross_entropy,
                       Reordered(1024, depth=14)),
+    # 4 experts, 2 per token: each token's rows go through 2 of them
+    "mixtral": ZooCase(_decoder("MixtralConfig", "MixtralForCausalLM", num_local_experts=4,
+                                num_experts_per_tok=2),
+                       _tokens, _logits, _lm_loss, Reordered(64, depth=40)),
+    "bart": ZooCase(_seeded(_bart), _tokens, _t5_logits, _lm_loss, Reordered(64, depth=60)),
+    # LayerNorm over 8-16 channels, 7x7 depthwise sums of 49 terms, 64 positions x batch 4
+    "convnext": ZooCase(_seeded(_convnext), _images, _logits, F.cross_entropy,
+                        Reordered(256, depth=20)),
+    # windows of 4 x 4 = 16 positions; 64 patches x batch 4 before merging
+    "swin": ZooCase(_seeded(_swin), _images, _logits, F.cross_entropy, Reordered(256, depth=40)),
 }

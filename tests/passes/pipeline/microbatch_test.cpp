@@ -633,6 +633,40 @@ graph @nll(%x: f32[B, 3] input, %t: i64[B] input, %cw: f32[3] param) {
 // offset) as int64 tensors without a batch dimension: not a reduction over
 // the batch (seen on the first GPU run with efficient attention). A float
 // output without a batch dimension still is.
+// Note [Row-group offsets]: a mixture-of-experts layer counts its sorted
+// rows per expert over the batch (histc, cumsum) only to tell a grouped
+// matmul where each expert's rows end; per micro-batch that is exact.
+constexpr const char* kMoe = R"(
+graph @moe(%x: f32[B, 4] input, %e: f32[B] input, %w: f32[2, 4, 3] param) {
+  %se: f32[B], %perm: i64[B] = aten::sort(%e) {layer="moe", phase=fwd}
+  %xs: f32[B, 4] = aten::index.Tensor(%x, [%perm]) {layer="moe", phase=fwd}
+  %counts: f32[2] = aten::histc(%se, 2, 0, 1) {layer="moe", phase=fwd}
+  %offs: i32[2] = aten::cumsum(%counts, 0, dtype=dtype.i32) {layer="moe", phase=fwd}
+  %y: f32[B, 3] = aten::_grouped_mm(%xs, %w, %offs) {layer="moe", phase=fwd}
+  %loss: f32[] = aten::sum(%y) {layer="loss", phase=fwd}
+  return %loss
+})";
+
+TEST(Microbatch, AcceptsExpertCountsThatOnlyGroupTheRowsOfAGroupedMatmul) {
+  ir::Graph split = microbatch(ir::parseGraph(kMoe), opts(2, 4));
+  // Each micro-batch counts and groups its own rows.
+  EXPECT_EQ(typeOf(split, "counts.mb1"), "f32[2]");
+  EXPECT_HAS(nodeText(split, "y.mb1"), "aten::_grouped_mm(%xs.mb1, %w, %offs.mb1)");
+}
+
+TEST(Microbatch, RefusesExpertCountsReadAsData) {
+  std::string mixed = kMoe;
+  mixed.replace(mixed.find("  %loss: f32[] = aten::sum(%y)"), 0,
+                "  %z: f32[B, 3] = aten::add.Tensor(%y, %offs) {layer=\"moe\", phase=fwd}\n");
+  mixed.replace(mixed.find("aten::sum(%y)"), 13, "aten::sum(%z)");
+  EXPECT_HAS(messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(mixed), opts(2, 4)); }),
+             "%counts = aten::histc reduces over the batch");
+  std::string returned = kMoe;
+  returned.replace(returned.find("return %loss"), 12, "return %loss, %counts");
+  EXPECT_HAS(messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(returned), opts(2, 4)); }),
+             "%counts");
+}
+
 TEST(Microbatch, AcceptsTheRngStateOfGpuAttention) {
   const char* text = R"(
 graph @attn(%q: f32[B, 2, 4, 8] input, %k: f32[B, 2, 4, 8] input, %v: f32[B, 2, 4, 8] input) {
