@@ -173,3 +173,60 @@ def test_more_devices_than_layers_is_an_error_naming_the_layers() -> None:
     with pytest.raises(modelpar.ConfigError, match=r"has \d+ layers \(.*\), so it cannot be cut "
                                                    r"into 8 stages for devices=8"):
         fast(torch.randn(8, 4)).sum().backward()
+
+
+BF16_MODES = ["m-etf", "gpipe-never", "1f1b-except_last"]
+
+
+@pytest.mark.parametrize("mode", BF16_MODES)
+def test_bf16_autocast_trains_like_eager_autocast(mode: str) -> None:
+    """Mixed precision as people train: the step under torch.autocast(bfloat16)
+    (outside the compiled model for GPipe, inside the compiled step for 1F1B),
+    fp32 parameters and optimizer. Autocast's casts are captured as explicit
+    ops, so the plan runs the same bfloat16 matmuls as eager; losses and
+    gradients agree within bfloat16 rounding (tolerances.assert_close_bf16:
+    micro-batches round their partial weight gradients separately)."""
+    from tolerances import assert_close_bf16
+    case = ZOO["llama"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    loss_inside = mode.startswith("1f1b")
+
+    def step(m: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return case.step(m, x, y)
+
+    fast = torch.compile((lambda x, y: step(model, x, y)) if loss_inside else model,
+                         backend="modelpar", options=_options(mode))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    for k in range(2):
+        x, y = case.batch(k, case.batch_size)
+        if loss_inside:
+            loss = fast(x, y)
+        else:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = case.loss(case.predict(fast, x), y)
+        ref = step(eager, x, y)
+        assert loss.dtype == ref.dtype == torch.float32  # cross entropy runs in fp32
+        assert_close_bf16(loss.detach(), ref.detach(), msg=lambda m: f"{mode} loss, step {k}: {m}")
+        loss.backward()
+        ref.backward()
+        grad_scale = max(float(q.grad.abs().max()) for q in eager.parameters())
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            assert p.grad.dtype == torch.float32, n
+            assert_close_bf16(p.grad, q.grad, scale=grad_scale,
+                              msg=lambda m, n=n: f"{mode} grad of {n}, step {k}: {m}")
+        opt.step()
+        ref_opt.step()
+        opt.zero_grad()
+        ref_opt.zero_grad()
+    plan = modelpar.plans()[-1]
+    if mode == "m-etf":
+        assert all(g.runs_on == "modelpar" for g in plan.graphs.values()), plan
+        texts = [g.text for g in plan.graphs.values()]
+    else:
+        assert plan.pipeline is not None and plan.pipeline.num_stages == 2, plan
+        texts = [str(plan.pipeline.program)]
+    # The bfloat16 matmuls are in the plan, not lost in capture.
+    assert any("bf16[" in t for t in texts)

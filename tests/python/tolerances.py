@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["U", "LAMBDA", "Reordered", "assert_exact"]
+__all__ = ["U", "LAMBDA", "Reordered", "assert_exact", "U_BF16", "assert_close_bf16"]
 
 U = 2.0 ** -24
 """fp32 unit roundoff."""
@@ -118,3 +118,30 @@ def assert_exact(actual: torch.Tensor, expected: torch.Tensor, msg=None) -> None
     shapes in the same order (one device, one thread issuing them)."""
     kw = {} if msg is None else {"msg": msg}
     torch.testing.assert_close(actual, expected, rtol=0.0, atol=0.0, **kw)
+
+
+U_BF16 = 2.0 ** -8
+"""bfloat16 unit roundoff (8 significant bits)."""
+
+
+def assert_close_bf16(actual: torch.Tensor, expected: torch.Tensor, msg=None,
+                      scale: float | None = None, ulps: float = 4.0) -> None:
+    """Agreement of results computed under ``torch.autocast(dtype=torch.bfloat16)``.
+
+    Autocast rounds each matmul's (and each autocast op's) result to bfloat16.
+    Micro-batching rounds the partial weight gradients of every micro-batch
+    before they are summed, where eager rounds the full batch's once; and a
+    value whose fp32 inputs differ by reorder noise (placement, intra-op
+    threads) may round to the neighbouring bfloat16. Either moves an element
+    by about one bfloat16 ulp of the terms it is made of (U_BF16 relative);
+    ``ulps`` of them, at the scale of the expected tensor's largest element
+    (or `scale`), absorb that. A bug moves results by far more than 4 ulps
+    (1.6 %) of the model's scale.
+    """
+    if scale is None:
+        scale = float(expected.detach().abs().max()) if expected.numel() else 0.0
+    if not math.isfinite(scale) or scale == 0.0:
+        scale = 1.0
+    kw = {} if msg is None else {"msg": msg}
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=ulps * U_BF16,
+                               atol=ulps * U_BF16 * scale, **kw)
