@@ -54,6 +54,9 @@ def main() -> None:
     for k, (x, y) in enumerate(batches):
         loss = step(x, y)
         loss.backward()  # each parameter's .grad lands on the rank that owns it
+        # Clipped by the whole model's gradient norm, summed over the ranks'
+        # shares (torch.nn.utils.clip_grad_norm_ would see this rank's only).
+        modelpar.clip_grad_norm_(model, max_norm=0.5)
         opt.step()
         opt.zero_grad()
         if k == 0 and not a.meta:

@@ -4,7 +4,7 @@ the environment, initialises a Gloo group and runs one scenario; prints
 ``RESULT <json>`` on success and exits 1 with the traceback otherwise.
 
 Scenarios:
-  train CASE STEPS [PIPELINE [release|trace|meta]]  the test model CASE
+  train CASE STEPS [PIPELINE [release|clip|trace|meta]]  the test model CASE
       (tests/python/models.py, or "zoo:NAME": a transformers model of
       tests/python/zoo.py, its loss computed inside the model),
       compiled with devices="world" (or a pipeline over the ranks: "gpipe" /
@@ -12,7 +12,9 @@ Scenarios:
       every gradient (summed over ranks: each exists on its owner only) and
       the parameters after STEPS momentum-SGD steps, then one inference
       (no_grad) step. With "release", the parameters other ranks own are
-      released after step 0 (filled with NaN: never read). With "meta", the
+      released after step 0 (filled with NaN: never read). With "clip", the
+      gradients are clipped every step (modelpar.clip_grad_norm_ against
+      torch.nn.utils.clip_grad_norm_ in eager). With "meta", the
       model is built on the meta device and materialized (each rank
       initialises only what it owns); eager is the same model materialized
       whole in this process.
@@ -94,7 +96,8 @@ class _Case:
 
 def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = None) -> None:
     """pipeline: a schedule, "none" (m-ETF) or "auto" (strategy="auto").
-    extra: "release" (release_unowned after the first step), "trace" (the
+    extra: "release" (release_unowned after the first step), "clip"
+    (modelpar.clip_grad_norm_ every step, against torch's in eager), "trace" (the
     trace option, files in $MODELPAR_TEST_TRACE_DIR), "meta" (built on meta,
     materialized) or "own-cache" (each rank its own profile cache,
     $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on)."""
@@ -104,6 +107,8 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         os.environ.pop("MODELPAR_CPU_PROFILE", None)
     release = extra == "release"
     meta = extra == "meta"
+    clip = extra == "clip"
+    norms: list[tuple[float, float]] = []  # (total, this rank's own) per step
     trace_dir = os.environ["MODELPAR_TEST_TRACE_DIR"] if extra == "trace" else None
     case = _Case(case_name)
     tol = case.tol.after(steps=steps)
@@ -151,6 +156,15 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         tol.assert_close(loss.detach(), ref.detach())
         loss.backward()
         ref.backward()
+        if clip:  # a max norm the gradients exceed, so that clipping scales them
+            kind = (2.0, float("inf"), 1.0)[step % 3]
+            here = [p.grad for p in model.parameters() if p.grad is not None]
+            local = float(torch.nn.utils.get_total_norm(here, kind)) if here else 0.0
+            norm = modelpar.clip_grad_norm_(model, 0.05, norm_type=kind)
+            ref_norm = torch.nn.utils.clip_grad_norm_(eager.parameters(), 0.05, norm_type=kind)
+            assert float(ref_norm) > 0.05, float(ref_norm)
+            tol.assert_close(norm, ref_norm, msg=lambda m: f"step {step}, gradient norm: {m}")
+            norms.append((float(norm), local))
         counts = {}
         # A gradient's terms have the size of the model's gradients; some are
         # zero in exact arithmetic (attention key biases: softmax ignores a
@@ -237,7 +251,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     from modelpar import distributed as mp_dist
     _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
             reverse_group=bool(mp_dist._reverse_groups),
-            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed,
+            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed, norms=norms,
             traced=traced, materialized=materialized)
 
 

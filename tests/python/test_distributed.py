@@ -138,6 +138,24 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
         assert all(r["rehomed"] for r in results), results
 
 
+@pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "none"), (2, "mlp", "1f1b"),
+                                                 (4, "gpt", "gpipe")])
+def test_gradient_clipping_over_ranks_uses_the_whole_models_norm(world: int, case: str,
+                                                                 schedule: str) -> None:
+    # modelpar.clip_grad_norm_ every step (L2, inf, L1 norms), against
+    # torch.nn.utils.clip_grad_norm_ in eager: the norms, losses, every
+    # gradient after clipping and the parameters equal eager (the worker
+    # checks them).
+    results = _all_ok(_launch(world, "train", case, "3", schedule, "clip"))
+    totals = [[total for total, _ in r["norms"]] for r in results]
+    assert len(totals[0]) == 3 and all(t == totals[0] for t in totals), totals
+    # Each rank holds only part of the gradient: the norm of its own share is
+    # smaller, so clipping by it (torch's clip_grad_norm_ on a rank) would
+    # scale each rank's gradients differently.
+    for r in results:
+        assert all(own < total for total, own in r["norms"][::2]), r["norms"]
+
+
 @pytest.mark.parametrize("case,schedule", [("llama", "none"), ("gpt2", "gpipe"),
                                            ("bert", "1f1b"), ("resnet", "none"),
                                            ("mixtral", "1f1b")])
@@ -288,14 +306,17 @@ def test_the_torchrun_example_trains_like_eager(pipeline: str | None, meta: bool
     g = torch.Generator().manual_seed(1)
     want = []
     batches = [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ in range(3)]
+    norms = []
     for x, y in batches:
         loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)))
         opt.step()
         opt.zero_grad()
         want.append(loss.item())
     with torch.no_grad():  # the example evaluates the first batch after training
         want.append(torch.nn.functional.mse_loss(model(batches[0][0]), batches[0][1]).item())
+    assert max(norms) > 0.5, norms  # the example's clipping scaled some step's gradients
     # Placement adds the MLP's sums (32 wide, 3 layers forward and backward)
     # in other orders (tests/python/tolerances.py), over 3 SGD steps.
     assert len(got) == 3 and len(evaluated) == 1, run.stdout
