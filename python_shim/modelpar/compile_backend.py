@@ -49,8 +49,8 @@ import torch.fx
 from . import _C
 from .cpu_profile import machine_for_options
 from .errors import InvalidIrError, UnsupportedOpError
-from .fx_import import (GraphKind, InputRole, UnsupportedGraph, import_graph, source_name,
-                         symbol_sizes)
+from .fx_import import (GraphKind, InputRole, UnsupportedGraph, batch_symbol_aliases,
+                         import_graph, source_name, symbol_sizes)
 from .ir import parse_graph
 from .options import CompileOptions, resolve_options
 from .plan import GraphRecord, Plan, new_plan
@@ -321,6 +321,10 @@ class _Capture:
         self.pipe_texts: dict[str, str] = {}
         self.rank_device = "cpu"  # world: where this rank's tensors live
         self.num_fwd_outputs: int | None = None  # planned: the forward's user-visible outputs
+        # pipeline: size symbols written as the batch's, and the placeholder
+        # indices of the batched inputs (Note [One batch symbol] in fx_import.py)
+        self.symbol_aliases: dict[Any, Any] = {}
+        self.batched_inputs: list[int] = []
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -351,8 +355,12 @@ class _Capture:
         start = time.perf_counter()
         graph = None
         try:
+            if self.opts.whole_step and kind is GraphKind.INFERENCE:
+                self.symbol_aliases, self.batched_inputs = batch_symbol_aliases(
+                    gm, self.describe_input)
             imported = import_graph(gm, kind, f"{self.plan.name}_{kind.value}", self.describe_input,
-                                    self.layer_of_seq)
+                                    self.layer_of_seq,
+                                    self.symbol_aliases if self.opts.whole_step else None)
             graph = parse_graph(imported.text)
             placement = None
             if self.opts.whole_step:
@@ -392,11 +400,15 @@ class _Capture:
         name = self.plan.name
         self.num_fwd_outputs = num_fwd_outputs
         try:
+            if pipeline:
+                self.symbol_aliases, self.batched_inputs = batch_symbol_aliases(
+                    fw_module, self.describe_input)
+            aliases = self.symbol_aliases if pipeline else None
             fw = import_graph(fw_module, GraphKind.FORWARD, f"{name}_forward", self.describe_input,
-                              self.layer_of_seq)
+                              self.layer_of_seq, aliases)
             seqs = {**self.layer_of_seq, **fw.layer_of_seq}
             bw = import_graph(bw_module, GraphKind.BACKWARD, f"{name}_backward",
-                              self.describe_input, seqs)
+                              self.describe_input, seqs, aliases)
             fw_graph, bw_graph = parse_graph(fw.text), parse_graph(bw.text)
         except (UnsupportedGraph, UnsupportedOpError, InvalidIrError):
             return  # fw_compiler / bw_compiler fall back, each graph on its own
@@ -436,6 +448,7 @@ class _Capture:
             scalar = _scalar_tangent(bw_module, fw_module, num_fwd_outputs or 0)
             step.join(fw_graph, bw_graph, fw_module, bw_module, num_fwd_outputs or 0, saved,
                       tangents, fw.output_map, bw.output_map, scalar, fw.constants, bw.constants)
+            step.batched_inputs = self.batched_inputs
             self.pipe = step
             self.pipe_texts = {"forward": fw.text, "backward": bw.text}
             return
@@ -467,6 +480,7 @@ class _Capture:
             step = PipelineStep(self.opts, self.plan, self.plan.name)
             step.rank_device = self.rank_device
             step.inference(graph, gm, imported.output_map, imported.constants)
+            step.batched_inputs = self.batched_inputs
             return step.forward()
         pipe = self.pipe
         if pipe is None or self.pipe_texts.get(kind.value) != imported.text:

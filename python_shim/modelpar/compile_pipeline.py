@@ -137,6 +137,8 @@ class PipelineStep:
         self.tangent_positions: list[int] = []
         self.graph_kind = "training"
         self.batch_input = -1  # the forward input whose dim 0 is the batch
+        # every forward input split along dim 0 (Note [One batch symbol] in fx_import.py)
+        self.batched_inputs: list[int] = []
         self.constants: dict[str, torch.Tensor] = {}  # joint graph input name -> lifted constant
         self.rank_device = "cpu"  # world: where this rank's tensors live
 
@@ -325,8 +327,22 @@ class PipelineStep:
     # -- running ---------------------------------------------------------
 
     def batch_of(self, args: Sequence[Any]) -> int:
-        x = args[self.batch_input]
-        return int(x.shape[0])
+        """The call's batch size.
+
+        Raises:
+            ConfigError: the batched inputs differ in size along dim 0
+                (Note [One batch symbol] in fx_import.py).
+        """
+        batch = int(args[self.batch_input].shape[0])
+        sizes = {i: int(args[i].shape[0]) for i in self.batched_inputs
+                 if isinstance(args[i], torch.Tensor) and args[i].dim() > 0}
+        if any(size != batch for size in sizes.values()):
+            shown = ", ".join(f"input {i}: {size}" for i, size in sorted(sizes.items()))
+            raise ConfigError(
+                f"modelpar pipeline: the batched inputs of {self.name} differ in size along "
+                f"dim 0 ({shown}); a pipeline splits each of them into the same micro-batches, "
+                "so they must share the batch size")
+        return batch
 
     def forward(self) -> Callable[[list[Any]], list[Any]]:
         def run(args: list[Any]) -> list[Any]:

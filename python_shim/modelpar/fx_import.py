@@ -112,11 +112,15 @@ _SYM_OPS: dict[Callable[..., Any], str] = {
 _DIM_CHARS = {"*": "x", "+": "p", "-": "m", "/": "d", " ": ""}
 
 
-def _dim(d: int | torch.SymInt) -> str:
-    """A dimension in IR syntax: `8`, `s0`, or `e_4xs0` for an expression."""
+def _dim(d: int | torch.SymInt, aliases: Mapping[Any, Any] | None = None) -> str:
+    """A dimension in IR syntax: `8`, `s0`, or `e_4xs0` for an expression;
+    ``aliases`` (symbol -> symbol) renames symbols first (Note [One batch
+    symbol])."""
     if isinstance(d, int):
         return str(d)
     expr = d.node.expr
+    if aliases:
+        expr = expr.xreplace(aliases)
     if expr.is_Integer:
         return str(int(expr))
     text = str(expr)
@@ -157,8 +161,8 @@ def symbol_sizes(*modules: torch.fx.GraphModule) -> dict[str, int]:
     return out
 
 
-def _type(val: Any, where: str) -> str:
-    """IR type of an FX value (meta["val"])."""
+def _type(val: Any, where: str, aliases: Mapping[Any, Any] | None = None) -> str:
+    """IR type of an FX value (meta["val"]); ``aliases`` as in _dim."""
     if isinstance(val, torch.Tensor):
         if type(val) not in (torch.Tensor, torch.nn.Parameter) and not _is_fake(val):
             raise UnsupportedGraph(f"tensor subclass {type(val).__name__}", where)
@@ -167,7 +171,7 @@ def _type(val: Any, where: str) -> str:
         dtype = _DTYPES.get(val.dtype)
         if dtype is None:
             raise UnsupportedGraph(f"dtype {val.dtype}", where)
-        return f"{dtype}[{', '.join(_dim(d) for d in val.shape)}]"
+        return f"{dtype}[{', '.join(_dim(d, aliases) for d in val.shape)}]"
     if isinstance(val, (bool, torch.SymBool)):
         return "bool"
     if isinstance(val, (int, torch.SymInt)):
@@ -267,8 +271,10 @@ class _Opaque:
 class _Importer:
     def __init__(self, gm: torch.fx.GraphModule, kind: GraphKind, name: str,
                  describe: Callable[[torch.fx.Node], tuple[InputRole, str | None]],
-                 layer_of_seq: Mapping[int, str]) -> None:
+                 layer_of_seq: Mapping[int, str],
+                 aliases: Mapping[Any, Any] | None = None) -> None:
         self.gm = gm
+        self.aliases = dict(aliases or {})
         self.kind = kind
         self.name = name
         self.describe = describe
@@ -321,9 +327,11 @@ class _Importer:
         if not isinstance(val, torch.Tensor):  # a size is named after its symbol: %s0: int
             role = InputRole.INPUT
             expr = val.node.expr if isinstance(val, torch.SymInt) else None
+            if expr is not None and self.aliases:
+                expr = expr.xreplace(self.aliases)  # %s17 of an aliased s17 is %s77_1
             preferred = str(expr) if expr is not None and expr.is_Symbol else None
         name = self.fresh(preferred) if preferred else node.name
-        self.inputs.append(f"%{name}: {_type(val, node.name)} {role.value}")
+        self.inputs.append(f"%{name}: {_type(val, node.name, self.aliases)} {role.value}")
         self.env[node] = name
 
     def get_attr(self, node: torch.fx.Node) -> None:
@@ -334,7 +342,7 @@ class _Importer:
             # A subgraph of a higher-order op: its user says what it is.
             self.env[node] = _Opaque(str(node.target))
             return
-        self.const_inputs.append(f"%{node.name}: {_type(obj, node.name)} buffer")
+        self.const_inputs.append(f"%{node.name}: {_type(obj, node.name, self.aliases)} buffer")
         self.constants.append(obj)
         self.env[node] = node.name
 
@@ -378,7 +386,7 @@ class _Importer:
             raise UnsupportedGraph(f"keyword arguments to {name}", where)
         val = node.meta.get("val")
         self.env[node] = node.name
-        self.lines.append(f"%{node.name}: {_type(val, where)} = modelpar::{name}({args})"
+        self.lines.append(f"%{node.name}: {_type(val, where, self.aliases)} = modelpar::{name}({args})"
                           f"{self.attrs(node)}")
 
     def output(self, node: torch.fx.Node) -> None:
@@ -419,7 +427,7 @@ class _Importer:
             if v is None:  # an undefined Tensor? result (e.g. an output_mask entry off)
                 decls.append(f"%{name}: {fallback_dtype}[]")
             else:
-                decls.append(f"%{name}: {_type(v, where)}")
+                decls.append(f"%{name}: {_type(v, where, self.aliases)}")
             return name
 
         def is_list(ret: Any) -> bool:
@@ -507,16 +515,61 @@ class _Importer:
 def import_graph(gm: torch.fx.GraphModule, kind: GraphKind, name: str,
                  describe: Callable[[torch.fx.Node], tuple[InputRole, str | None]] = (
                      lambda n: (InputRole.INPUT, None)),
-                 layer_of_seq: Mapping[int, str] | None = None) -> ImportedGraph:
+                 layer_of_seq: Mapping[int, str] | None = None,
+                 aliases: Mapping[Any, Any] | None = None) -> ImportedGraph:
     """Converts an ATen-level FX graph to IR text.
 
     ``name`` becomes the graph's ``@name`` (an identifier). ``describe`` gives
     the role of each tensor placeholder and a name for it (``fc1.weight``; None
     keeps the FX name). ``layer_of_seq`` (backward graphs) maps a
     forward node's ``seq_nr`` to its layer, for backward nodes whose own
-    metadata does not name the module.
+    metadata does not name the module. ``aliases`` renames size symbols
+    (batch_symbol_aliases: Note [One batch symbol]).
 
     Raises:
         UnsupportedGraph: a node the IR or the runtime cannot express.
     """
-    return _Importer(gm, kind, name, describe, layer_of_seq or {}).run()
+    return _Importer(gm, kind, name, describe, layer_of_seq or {}, aliases).run()
+
+
+# Note [One batch symbol]
+# ~~~~~~~~~~~~~~~~~~~~~~~
+# Dynamo may give each input's batch dimension a symbol of its own: when the
+# sequence length changed between calls too, its automatic dynamic shapes
+# made x: [s77, s27] and y: [s17, s94] although x and y always share batch
+# and length. The micro-batch pass splits every batched input along one
+# batch symbol, and refused such a graph ("the inputs disagree on the batch
+# symbol"). batch_symbol_aliases() names, for the graph of one call, the
+# user inputs whose dim 0 is a plain symbol equal in value to the first
+# such input's (the batch), and maps their symbols to the first one's; the
+# importer writes every other symbol as that one, as Dynamo's duck shaping
+# does for sizes equal when traced, so the graph has one batch symbol. The
+# pipeline then checks at every call that those inputs do share the batch
+# size (PipelineStep.batch_of), since nothing in the graph does.
+
+
+def batch_symbol_aliases(gm: torch.fx.GraphModule,
+                         describe: Callable[[torch.fx.Node], tuple[InputRole, str | None]]
+                         ) -> tuple[dict[Any, Any], list[int]]:
+    """(symbol -> the batch's symbol, the placeholder indices of the
+    batched user inputs) for ``gm`` at the call being compiled (Note [One
+    batch symbol]); ({}, []) when no user input has a symbolic dim 0."""
+    batched: list[tuple[int, Any, int]] = []  # (placeholder index, symbol, value)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i, node in enumerate(placeholders):
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor) or val.dim() == 0 or describe(node)[0] is not InputRole.INPUT:
+            continue
+        d = val.shape[0]
+        if not isinstance(d, torch.SymInt) or not d.node.expr.is_Symbol:
+            continue
+        try:
+            value = int(_size_hint(d))
+        except Exception:  # unbacked or unhinted: not a batch we can compare
+            continue
+        batched.append((i, d.node.expr, value))
+    if not batched:
+        return {}, []
+    _, symbol, value = batched[0]
+    same = [(i, s) for i, s, v in batched if v == value]
+    return {s: symbol for _, s in same if s != symbol}, [i for i, _ in same]

@@ -167,6 +167,41 @@ def test_a_static_batch_needs_no_mark_dynamic_and_new_batch_sizes_replan() -> No
     assert len(modelpar.plans()) == 1  # one Dynamo graph: no recompile for the new size
 
 
+def test_sequence_lengths_that_vary_keep_one_batch_symbol() -> None:
+    """Batches of other lengths and sizes, as a language model gets them: after
+    the length changes, Dynamo's automatic dynamic shapes give x and y batch
+    symbols of their own, which modelpar writes as one (Note [One batch
+    symbol] in fx_import.py), so 1F1B splits both alike; loss and every
+    gradient equal eager at each call. Inputs whose batch sizes differ are a
+    ConfigError naming them, before anything runs."""
+    case = ZOO["llama"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}, "strict": True})
+    tol = case.tol
+    for k, (batch, length) in enumerate([(4, 16), (4, 12), (6, 8)]):
+        x = torch.randint(0, 64, (batch, length), generator=torch.Generator().manual_seed(k))
+        y = torch.roll(x, -1, dims=1)
+        loss, ref = fast(x, y), case.step(eager, x, y)
+        tol.assert_close(loss.detach(), ref.detach(), msg=lambda m: f"{batch}x{length} loss: {m}")
+        loss.backward()
+        ref.backward()
+        scale = max(float(q.grad.abs().max()) for q in eager.parameters())
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            tol.assert_close(p.grad, q.grad, scale=scale,
+                             msg=lambda m, n=n: f"{batch}x{length} grad of {n}: {m}")
+        model.zero_grad()
+        eager.zero_grad()
+    # 4 x 12 tokens against 6 x 8 labels: the same count, so eager's
+    # flattened cross entropy runs, but a pipeline cannot split both alike.
+    x = torch.randint(0, 64, (4, 12))
+    y = torch.randint(0, 64, (6, 8))
+    with pytest.raises(modelpar.ConfigError, match=r"batched inputs .* differ in size along dim 0 "
+                                                   r"\(input \d+: 4, input \d+: 6\)"):
+        fast(x, y)
+
+
 def test_more_devices_than_layers_is_an_error_naming_the_layers() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     fast = torch.compile(model, backend="modelpar", options={"devices": 8, "pipeline": {}})
