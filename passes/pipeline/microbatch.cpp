@@ -455,6 +455,31 @@ ir::Graph Microbatcher::build() {
     is_sliced[static_cast<size_t>(v)] =
         d_.batch.input_dim[i] >= 0 && first_reader[static_cast<size_t>(v)] != ir::kNoId;
   }
+  // Note [Counted means]: what depends on the seed (the gradients) is
+  // divided by the total target count after the micro-batches, as is the
+  // loss; those results take their names there.
+  std::vector<char> from_seed(g_.numValues(), 0);
+  if (d_.counted != ir::kNoId && d_.seed != ir::kNoId) {
+    from_seed[static_cast<size_t>(d_.seed)] = 1;
+    for (const ir::Node& nd : g_.nodes()) {
+      bool reads = false;
+      for (ValueId v : nd.inputs()) reads |= from_seed[static_cast<size_t>(v)] != 0;
+      if (reads) {
+        for (ValueId o : nd.outputs) from_seed[static_cast<size_t>(o)] = 1;
+      }
+    }
+  }
+  auto divided = [&](size_t vi) {
+    return d_.counted != ir::kNoId &&
+           (d_.combine[vi] == Combine::Loss ||
+            (from_seed[vi] != 0 &&
+             (d_.combine[vi] == Combine::Accumulate || d_.combine[vi] == Combine::Cat)));
+  };
+  auto combinedName = [&](size_t vi) {
+    const std::string& name = g_.value(static_cast<ValueId>(vi)).name;
+    return divided(vi) ? name + ".sum" : name;
+  };
+  ValueId total_count = ir::kNoId;
   std::vector<ValueId> acc(g_.numValues(), ir::kNoId);
   std::vector<std::vector<ValueId>> parts(g_.numValues());
   std::vector<std::vector<NodeId>> bn_copies(g_.numNodes());  // deferred batch norms, per mb
@@ -468,7 +493,19 @@ ir::Graph Microbatcher::build() {
     const double w = d_.weight(k);
     const bool last = k + 1 == nmb;
     std::vector<ValueId> local(g_.numValues(), ir::kNoId);
+    // Note [Counted means]: a value times this micro-batch's target count.
+    auto timesCount = [&](ValueId v, const std::string& name, const std::string& layer, Phase ph) {
+      ValueId t = local[static_cast<size_t>(d_.count)];
+      MP_CHECK(t != ir::kNoId, InternalError,
+               "{}: graph @{}: %{} is scaled by the target count before %{} is computed", kWho,
+               g_.name(), out.value(v).name, g_.value(d_.count).name);
+      NodeId s = out.addNode("aten::mul.Tensor", {Arg::value(v), Arg::value(t)},
+                             {{fresh(name), out.value(v).type}});
+      addAttrs(s, layer, ph, mb);
+      return out.node(s).outputs[0];
+    };
     auto scaleSeed = [&](ValueId v, const std::string& name, const std::string& layer) {
+      if (d_.counted != ir::kNoId) return timesCount(v, name, layer, Phase::Backward);
       if (w == 1.0) return v;
       NodeId s = out.addNode("aten::mul.Scalar", {Arg::value(v), Arg::floating(w)},
                              {{fresh(name), out.value(v).type}});
@@ -489,13 +526,17 @@ ir::Graph Microbatcher::build() {
       addAttrs(s, layerOfReader(v), phaseOfReader(v), mb);
       local[static_cast<size_t>(v)] = out.node(s).outputs[0];
     };
-    if (d_.seed_is_root) {
+    // A root seed is scaled where the micro-batch first reads it; with a
+    // counted mean that is in its backward, after its count exists.
+    auto seedRoot = [&] {
       ValueId s = shared[static_cast<size_t>(d_.seed)];
       local[static_cast<size_t>(d_.seed)] =
           scaleSeed(s, g_.value(d_.seed).name + suffix, layerOfReader(d_.seed));
-    }
+    };
+    if (d_.seed_is_root && d_.counted == ir::kNoId) seedRoot();
     auto lookup = [&](ValueId v) -> Arg {
       if (d_.batch.isSizeInput(v)) return Arg::integer(bk);
+      if (d_.seed_is_root && v == d_.seed && local[static_cast<size_t>(v)] == ir::kNoId) seedRoot();
       if (local[static_cast<size_t>(v)] == ir::kNoId && is_sliced[static_cast<size_t>(v)]) slice(v);
       ValueId l = local[static_cast<size_t>(v)];
       return l != ir::kNoId ? Arg::value(l) : sharedLookup(v);
@@ -516,11 +557,26 @@ ir::Graph Microbatcher::build() {
         if (k > 0) cost.persistent_bytes = 0;
         out.node(c).cost = cost;
       }
+      // Every output first: a counted mean's loss (output 0) is weighted by
+      // its count (output 1).
+      for (size_t i = 0; i < nd.outputs.size(); ++i) {
+        local[static_cast<size_t>(nd.outputs[i])] = out.node(c).outputs[i];
+      }
+      if (static_cast<NodeId>(n) == d_.counted) {  // T = Σ T_k, beside each micro-batch's loss
+        ValueId t = local[static_cast<size_t>(d_.count)];
+        if (total_count != ir::kNoId) {
+          NodeId a = out.addNode("aten::add.Tensor", {Arg::value(total_count), Arg::value(t)},
+                                 {{fresh(fmt::format("{}.total{}", g_.value(d_.count).name, k)),
+                                   out.value(t).type}});
+          addAttrs(a, nd.layer, Phase::Forward, mb);
+          t = out.node(a).outputs[0];
+        }
+        total_count = t;
+      }
       for (size_t i = 0; i < nd.outputs.size(); ++i) {
         ValueId o = nd.outputs[i];
         auto oi = static_cast<size_t>(o);
         ValueId copy = out.node(c).outputs[i];
-        local[oi] = copy;
         const std::string& name = g_.value(o).name;
         if (o == d_.seed) local[oi] = scaleSeed(copy, name + suffix + ".scaled", nd.layer);
         switch (d_.combine[oi]) {
@@ -535,7 +591,13 @@ ir::Graph Microbatcher::build() {
             [[fallthrough]];
           case Combine::Loss: {
             double wk = d_.combine[oi] == Combine::Loss ? w : 1.0;
-            std::string acc_name = last ? name : fmt::format("{}.acc{}", name, k);
+            // Counted means: the loss is Σ T_k·L_k, divided by Σ T_k after
+            // the loop, which also divides what depends on the seed.
+            if (d_.counted != ir::kNoId && d_.combine[oi] == Combine::Loss) {
+              copy = timesCount(copy, name + suffix + ".counted", nd.layer,
+                                nd.phase.value_or(Phase::Forward));
+            }
+            std::string acc_name = last ? combinedName(oi) : fmt::format("{}.acc{}", name, k);
             NodeId a = ir::kNoId;
             if (k == 0 && wk != 1.0) {
               a = out.addNode("aten::mul.Scalar", {Arg::value(copy), Arg::floating(wk)},
@@ -564,7 +626,7 @@ ir::Graph Microbatcher::build() {
     const ir::Node& prod = g_.node(val.producer);
     ValueId a = parts[vi].back();
     for (size_t k = parts[vi].size() - 1; k-- > 0;) {
-      std::string acc_name = k == 0 ? val.name : fmt::format("{}.acc{}", val.name, k);
+      std::string acc_name = k == 0 ? combinedName(vi) : fmt::format("{}.acc{}", val.name, k);
       NodeId n = out.addNode("aten::add.Tensor", {Arg::value(a), Arg::value(parts[vi][k])},
                              {{fresh(acc_name), out.value(a).type}});
       addAttrs(n, prod.layer, prod.phase.value_or(Phase::Backward), static_cast<int>(k));
@@ -582,10 +644,20 @@ ir::Graph Microbatcher::build() {
     std::vector<Arg> items;
     for (ValueId p : parts[vi]) items.push_back(Arg::value(p));
     NodeId c = out.addNode("aten::cat", {Arg::list(std::move(items)), Arg::integer(d_.cat_dim[vi])},
-                           {{fresh(val.name), instantiate(val.type, sym, d_.total)}});
+                           {{fresh(combinedName(vi)), instantiate(val.type, sym, d_.total)}});
     const ir::Node& prod = g_.node(val.producer);
     addAttrs(c, prod.layer, prod.phase.value_or(Phase::Forward), std::nullopt);
     combined[vi] = out.node(c).outputs[0];
+  }
+  // Note [Counted means]: the loss and the gradients over the total count.
+  for (size_t vi = 0; vi < g_.numValues(); ++vi) {
+    if (!divided(vi) || combined[vi] == ir::kNoId) continue;
+    const ir::Value& val = g_.value(static_cast<ValueId>(vi));
+    const ir::Node& prod = g_.node(val.producer);
+    NodeId q = out.addNode("aten::div.Tensor", {Arg::value(combined[vi]), Arg::value(total_count)},
+                           {{fresh(val.name), out.value(combined[vi]).type}});
+    addAttrs(q, prod.layer, prod.phase.value_or(Phase::Forward), std::nullopt);
+    combined[vi] = out.node(q).outputs[0];
   }
   // Deferred batch norms: the running statistics from the whole batch's
   // mean and unbiased variance, combined from the micro-batches' statistics.

@@ -44,7 +44,13 @@ struct Decision {
   ValueId loss = ir::kNoId, seed = ir::kNoId;
   bool seed_is_root = false;         // an input or shared value, scaled per micro-batch
   bool mean = false;
+  // Note [Counted means] (microbatch_loss.cpp): the mean nll loss whose
+  // per-micro-batch target count (its total_weight output) weights the
+  // micro-batches; kNoId when the weights are the micro-batch sizes.
+  NodeId counted = ir::kNoId;
+  ValueId count = ir::kNoId;
   double weight(size_t k) const {
+    if (counted != ir::kNoId) return 1.0;  // tensor weights, applied in build()
     return mean ? static_cast<double>(sizes[k]) / static_cast<double>(total) : 1.0;
   }
 };
@@ -82,6 +88,10 @@ class Microbatcher {
   bool isReducer(NodeId n) const;
   bool detectMean() const;
   bool reducerIsMean(NodeId n) const;
+  // The reducers on the loss path, in node order.
+  std::vector<NodeId> lossReducers() const;
+  // The loss's one reducer when it is a mean nll loss (Note [Counted means]).
+  NodeId countedReducer() const;
   // 3b. Batch norms whose running statistics are deferred (batch_norm option).
   void findDeferredBatchNorms();
   // Under deferred batch norm, the nodes that read bn's new running stats

@@ -149,6 +149,53 @@ void Microbatcher::findLossAndSeed() {
   if (d_.loss != ir::kNoId && o_.loss_reduction == LossReduction::Auto) {
     d_.mean = detectMean();
   }
+  if (d_.mean && d_.sizes.size() > 1) {
+    d_.counted = countedReducer();
+    if (d_.counted != ir::kNoId) d_.count = g_.node(d_.counted).outputs[1];
+  }
+}
+
+// Note [Counted means]
+// ~~~~~~~~~~~~~~~~~~~~
+// A mean nll loss (cross entropy) divides by the weight of the targets it
+// counts: the number of targets that are not ignore_index (-100 by
+// default: padding, the labels a language model masks), or their class
+// weights' sum. Its micro-batch means are then not weighted by b_k/B: a
+// micro-batch of padding counts fewer targets (found by a test: labels
+// padded in the first half of the batch gave 2.796 for eager's 2.915).
+// AOTAutograd's nll_loss_forward returns that weight, T_k, beside the mean
+// L_k, and the full batch's loss is Σ T_k·L_k / Σ T_k. Σ T_k is known only
+// after the last micro-batch's forward, which 1F1B runs after the first
+// micro-batch's backward, so the weights are applied in two steps: micro-batch
+// k's backward is seeded with T_k (its own, known by then), the loss and
+// every seed-dependent result (gradients) are accumulated as usual, and after
+// the micro-batches they are divided by T = Σ T_k. The gradient is linear in
+// the seed, so Σ_k T_k·∇L_k / T is the full batch's, whatever the schedule.
+// This applies when the loss has one reducer, an nll_loss_forward with a mean;
+// a loss of several terms keeps the b_k/B weights, exact when the targets
+// each micro-batch counts are in proportion to its size (language models'
+// shifted labels: one ignored position per row).
+
+std::vector<NodeId> Microbatcher::lossReducers() const {
+  std::vector<char> on = lossPath();
+  std::vector<NodeId> out;
+  for (size_t n = 0; n < g_.numNodes(); ++n) {
+    const ir::Node& nd = g_.nodes()[n];
+    bool produces = std::any_of(nd.outputs.begin(), nd.outputs.end(),
+                                [&](ValueId o) { return on[static_cast<size_t>(o)] != 0; });
+    if (produces && isReducer(static_cast<NodeId>(n))) out.push_back(static_cast<NodeId>(n));
+  }
+  return out;
+}
+
+NodeId Microbatcher::countedReducer() const {
+  std::vector<NodeId> reducers = lossReducers();
+  if (reducers.size() != 1) return ir::kNoId;
+  const ir::Node& nd = g_.node(reducers[0]);
+  if (nd.op != "aten::nll_loss_forward" && nd.op != "aten::nll_loss2d_forward") return ir::kNoId;
+  if (nd.outputs.size() != 2 || !reducerIsMean(reducers[0])) return ir::kNoId;
+  const Type& t = g_.value(nd.outputs[1]).type;
+  return t.isTensor() && t.numel() == std::optional<int64_t>(1) ? reducers[0] : ir::kNoId;
 }
 
 // The forward values the loss is a linear function of, back to the ops that
@@ -222,7 +269,12 @@ bool Microbatcher::reducerIsMean(NodeId n) const {
   MP_CHECK(reduction == 1 || reduction == 2, UnsupportedOpError,
            "{}: graph @{}: {} has reduction={} (none) but its result is the loss %{}",
            kWho, g_.name(), ref(n), reduction, g_.value(d_.loss).name);
-  if (reduction == 1 && nd.op.find("nll_loss") != std::string::npos && nd.args.size() > 2) {
+  // Class weights make the mean's divisor the targets' weight; counted means
+  // weigh each micro-batch by it (Note [Counted means]); other forms refuse.
+  bool counted = (nd.op == "aten::nll_loss_forward" || nd.op == "aten::nll_loss2d_forward") &&
+                 nd.outputs.size() == 2 && lossReducers().size() == 1;
+  if (reduction == 1 && nd.op.find("nll_loss") != std::string::npos && nd.args.size() > 2 &&
+      !counted) {
     MP_CHECK(nd.args[2].isNone(), UnsupportedOpError,
              "{}: graph @{}: {} averages with class weights, a weighted mean that is not "
              "b_k/B times the micro-batch means; use reduction=sum and divide by the weights",

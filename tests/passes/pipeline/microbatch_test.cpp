@@ -615,15 +615,53 @@ graph @size(%B: int input, %x: f32[B, 3] input) {
   EXPECT_HAS(msg, "%n (int), computed from the batch size, is returned after the micro-batches");
 }
 
-TEST(Microbatch, RejectsClassWeightedMeanNllLoss) {
+// Note [Counted means]: a mean nll loss divides by the weight of the targets
+// it counts (not ignore_index; class weights), so each micro-batch's loss and
+// backward seed are weighted by its own count and the results divided by
+// the total after the micro-batches.
+constexpr const char* kCountedStep = R"(
+graph @nll(%x: f32[B, 3] input, %t: i64[B] input, %w: f32[3, 3] param) {
+  %h: f32[B, 3] = aten::mm(%x, %w) {layer="fc", phase=fwd}
+  %loss: f32[], %tw: f32[] = aten::nll_loss_forward(%h, %t, None, 1, -100) {layer="loss", phase=fwd}
+  %g: f32[] = aten::ones_like(%loss) {layer="loss", phase=bwd}
+  %gh: f32[B, 3] = aten::nll_loss_backward(%g, %h, %t, None, 1, -100, %tw) {layer="loss", phase=bwd}
+  %xt: f32[3, B] = aten::t(%x) {layer="fc", phase=bwd}
+  %gw: f32[3, 3] = aten::mm(%xt, %gh) {layer="fc", phase=bwd}
+  return %loss, %gw
+})";
+
+TEST(Microbatch, WeighsAMeanNllLossByEachMicrobatchsTargetCount) {
+  ir::Graph split = microbatch(ir::parseGraph(kCountedStep), opts(2, 4));
+  // Micro-batch k: its loss and its backward seed times its count T_k ...
+  EXPECT_HAS(nodeText(split, "loss.mb1.counted"), "aten::mul.Tensor(%loss.mb1, %tw.mb1)");
+  EXPECT_HAS(nodeText(split, "g.mb1.scaled"), "aten::mul.Tensor(%g.mb1, %tw.mb1)");
+  // ... the counts summed, and the loss and the gradient divided by the sum.
+  EXPECT_HAS(nodeText(split, "tw.total1"), "aten::add.Tensor(%tw.mb0, %tw.mb1)");
+  EXPECT_HAS(nodeText(split, "loss"), "aten::div.Tensor(%loss.sum, %tw.total1)");
+  EXPECT_HAS(nodeText(split, "gw"), "aten::div.Tensor(%gw.sum, %tw.total1)");
+  EXPECT_NO_THROW(ir::verify(split));
+  // Class weights only change what the count weighs: accepted the same way.
+  std::string weighted = kCountedStep;
+  weighted.replace(weighted.find("%w: f32[3, 3] param"), 19, "%w: f32[3, 3] param, %cw: f32[3] param");
+  for (size_t at; (at = weighted.find("%t, None, 1")) != std::string::npos;) {
+    weighted.replace(at, 11, "%t, %cw, 1");
+  }
+  EXPECT_HAS(nodeText(microbatch(ir::parseGraph(weighted), opts(2, 4)), "loss"),
+             "aten::div.Tensor(%loss.sum, %tw.total1)");
+}
+
+TEST(Microbatch, RejectsClassWeightsInALossOfSeveralTerms) {
+  // Two reducers: the terms would need weights of their own.
   const char* text = R"(
 graph @nll(%x: f32[B, 3] input, %t: i64[B] input, %cw: f32[3] param) {
-  %loss: f32[], %tw: f32[] = aten::nll_loss_forward(%x, %t, %cw, 1, -100) {layer="loss", phase=fwd}
+  %nll: f32[], %tw: f32[] = aten::nll_loss_forward(%x, %t, %cw, 1, -100) {layer="loss", phase=fwd}
+  %reg: f32[] = aten::mean(%x) {layer="loss", phase=fwd}
+  %loss: f32[] = aten::add.Tensor(%nll, %reg) {layer="loss", phase=fwd}
   return %loss
 })";
   std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), opts(2, 4)); });
   EXPECT_HAS(msg, "averages with class weights");
-  // Without weights, the mean nll loss is accepted and weighted b_k / B.
+  // Without class weights both terms are means over the batch, weighted b_k / B.
   std::string plain = text;
   plain.replace(plain.find("%cw, 1"), 6, "None, 1");
   EXPECT_HAS(nodeText(microbatch(ir::parseGraph(plain), opts(2, 4)), "loss"), "alpha=0.5");
