@@ -65,7 +65,8 @@ Placement restrict(const ir::Graph& sub, const std::vector<ir::NodeId>& node_map
 
 JointGraph joinForwardBackward(const ir::Graph& fw, const ir::Graph& bw,
                                const std::vector<SavedLink>& saved,
-                               const std::vector<SavedLink>& tangents) {
+                               const std::vector<SavedLink>& tangents,
+                               const std::vector<SavedLink>& zero_tangents) {
   ir::verify(fw);
   ir::verify(bw);
   JointGraph out;
@@ -78,8 +79,10 @@ JointGraph joinForwardBackward(const ir::Graph& fw, const ir::Graph& bw,
   std::unordered_set<ir::ValueId> linked_fw;
   std::vector<std::optional<ir::ValueId>> link_of(bw.numValues());
   std::vector<bool> is_tangent(bw.numValues(), false);
+  std::vector<bool> is_zero(bw.numValues(), false);
   std::vector<SavedLink> links = saved;
   links.insert(links.end(), tangents.begin(), tangents.end());
+  links.insert(links.end(), zero_tangents.begin(), zero_tangents.end());
   for (size_t i = 0; i < links.size(); ++i) {
     const SavedLink& l = links[i];
     std::optional<ir::ValueId> b = bw.findValue(l.backward_input);
@@ -102,6 +105,7 @@ JointGraph joinForwardBackward(const ir::Graph& fw, const ir::Graph& bw,
       linked_fw.insert(*f);
     } else {
       is_tangent[static_cast<size_t>(*b)] = true;
+      is_zero[static_cast<size_t>(*b)] = i >= saved.size() + tangents.size();
     }
   }
 
@@ -129,7 +133,8 @@ JointGraph joinForwardBackward(const ir::Graph& fw, const ir::Graph& bw,
     }
     // The output's gradient arrives after the output exists.
     const ir::Value& t = bw.value(static_cast<ir::ValueId>(v));
-    ir::NodeId n = g.addNode("aten::ones_like", {ir::Arg::value(f)}, {{freshName(g, t.name), t.type}});
+    ir::NodeId n = g.addNode(is_zero[v] ? "aten::zeros_like" : "aten::ones_like",
+                             {ir::Arg::value(f)}, {{freshName(g, t.name), t.type}});
     g.node(n).phase = ir::Phase::Backward;
     // Made outside both graphs (the loss's backward runs eagerly): no time.
     g.node(n).cost = ir::Cost{0.0, t.type.bytes().value_or(0), 0, 0};

@@ -20,6 +20,10 @@
 //     caller computes between the two graphs) becomes a node
 //     `aten::ones_like(<forward output>)` after the forward's nodes, so the
 //     backward cannot be scheduled before the forward output it starts from;
+//     a `zero_tangents` bw input becomes `aten::zeros_like(<forward
+//     output>)`: a gradient the caller holds to be zero (a step run as one
+//     program seeds the loss alone: Note [Only the loss has a gradient] in
+//     python_shim/modelpar/compile_pipeline.py);
 //   * nodes: fw's nodes, then bw's, arguments rewired; a bw output or label
 //     whose name is taken gets a `bw.` prefix; layer, phase, microbatch and
 //     cost are kept, devices dropped;
@@ -87,7 +91,8 @@ struct JointGraph {
 /// link or a graph that does not verify.
 JointGraph joinForwardBackward(const ir::Graph& fw, const ir::Graph& bw,
                                const std::vector<SavedLink>& saved,
-                               const std::vector<SavedLink>& tangents = {});
+                               const std::vector<SavedLink>& tangents = {},
+                               const std::vector<SavedLink>& zero_tangents = {});
 
 struct JointPlanOptions {
   std::vector<SavedLink> saved;

@@ -101,14 +101,16 @@ std::tuple<passes::PlacementPlan, passes::PlacementPlan, passes::PlacementPlan, 
 std::tuple<ir::Graph, std::vector<std::string>, std::vector<std::string>> joinStep(
     const ir::Graph& fw, const ir::Graph& bw,
     const std::vector<std::pair<std::string, std::string>>& saved,
-    const std::vector<std::pair<std::string, std::string>>& tangents, size_t keep_forward_outputs) {
-  std::vector<passes::SavedLink> s, t;
+    const std::vector<std::pair<std::string, std::string>>& tangents, size_t keep_forward_outputs,
+    const std::vector<std::pair<std::string, std::string>>& zero_tangents) {
+  std::vector<passes::SavedLink> s, t, z;
   for (const auto& [b, f] : saved) s.push_back({b, f});
   for (const auto& [b, f] : tangents) t.push_back({b, f});
+  for (const auto& [b, f] : zero_tangents) z.push_back({b, f});
   MP_CHECK(keep_forward_outputs <= fw.outputs().size(), InvalidIrError,
            "modelpar join: keep_forward_outputs={} but the forward graph @{} has {} outputs",
            keep_forward_outputs, fw.name(), fw.outputs().size());
-  passes::JointGraph jg = passes::joinForwardBackward(fw, bw, s, t);
+  passes::JointGraph jg = passes::joinForwardBackward(fw, bw, s, t, z);
   std::vector<ir::ValueId> outs;
   std::vector<std::string> fw_names, bw_names;
   auto add = [&](ir::ValueId v, std::vector<std::string>& names) {
@@ -293,6 +295,7 @@ void bindPlacement(py::module_& m) {
         "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
   m.def("join_step", &joinStep, py::arg("forward"), py::arg("backward"), py::arg("saved"),
         py::arg("tangents"), py::arg("keep_forward_outputs"),
+        py::arg("zero_tangents") = std::vector<std::pair<std::string, std::string>>{},
         "passes::joinForwardBackward returning the first keep_forward_outputs forward outputs and "
         "every backward output: (graph, forward output names, backward output names).");
 }

@@ -151,16 +151,19 @@ def _retrace_with_a_symbolic_batch(gm: torch.fx.GraphModule, example_inputs: Seq
         restart_reason="modelpar pipeline: tracing again with a symbolic batch dimension")
 
 
-def _scalar_tangent(bw_module: torch.fx.GraphModule, fw_module: torch.fx.GraphModule,
-                    num_fwd_outputs: int) -> bool:
-    """Whether the backward starts from one tangent, of a 0-dim floating
-    forward output (the loss computed inside the compiled function)."""
+def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
+    """(index among the backward's tangents, FX name) of the loss's tangent:
+    the one tangent of a 0-dim floating forward output (the loss computed
+    inside the compiled function); None when there is none, or several.
+    Other tangents (the logits a transformers model returns beside its loss)
+    are those of outputs only the loss's backward is run from (Note [Only
+    the loss has a gradient] in compile_pipeline.py)."""
     tangents = [n for n in bw_module.graph.nodes
                 if n.op == "placeholder" and n.name.startswith("tangents_")]
-    if len(tangents) != 1:
-        return False
-    val = tangents[0].meta.get("val")
-    return isinstance(val, torch.Tensor) and val.dim() == 0 and val.is_floating_point()
+    scalars = [(i, n.name) for i, n in enumerate(tangents)
+               if isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() == 0
+               and n.meta["val"].is_floating_point()]
+    return scalars[0] if len(scalars) == 1 else None
 
 
 def _user_code(gm: torch.fx.GraphModule) -> tuple[str, str, int, str]:
@@ -445,9 +448,12 @@ class _Capture:
             from .compile_pipeline import PipelineStep
             step = PipelineStep(self.opts, self.plan, name)
             step.rank_device = self.rank_device
-            scalar = _scalar_tangent(bw_module, fw_module, num_fwd_outputs or 0)
+            loss = _loss_tangent(bw_module)
+            loss_tangent = (None if loss is None or loss[1] not in bw.value_names
+                            else (loss[0], bw.value_names[loss[1]]))
             step.join(fw_graph, bw_graph, fw_module, bw_module, num_fwd_outputs or 0, saved,
-                      tangents, fw.output_map, bw.output_map, scalar, fw.constants, bw.constants)
+                      tangents, fw.output_map, bw.output_map, loss_tangent, fw.constants,
+                      bw.constants)
             step.batched_inputs = self.batched_inputs
             self.pipe = step
             self.pipe_texts = {"forward": fw.text, "backward": bw.text}

@@ -57,7 +57,7 @@ import torch.fx
 
 from . import _C
 from .cpu_profile import machine_for_options
-from .errors import ConfigError
+from .errors import ConfigError, ExecutionError
 from .options import CompileOptions, pipeline_options
 
 __all__ = ["PipelineStep", "MAX_BATCH_SIZES"]
@@ -148,10 +148,13 @@ class PipelineStep:
              bw_module: torch.fx.GraphModule, num_fwd_outputs: int,
              saved: list[tuple[str, str]], tangents: list[tuple[str, str]],
              fw_output_map: Sequence[int], bw_output_map: Sequence[int],
-             scalar_loss: bool, fw_constants: Sequence[torch.Tensor] = (),
+             loss_tangent: tuple[int, str] | None, fw_constants: Sequence[torch.Tensor] = (),
              bw_constants: Sequence[torch.Tensor] = ()) -> None:
-        """Joins the two graphs and decides the mode (step when the backward
-        starts from one scalar loss, else split).
+        """Joins the two graphs and decides the mode: step when the backward
+        starts from one scalar loss (``loss_tangent``: its index among the
+        tangents and its backward input's name; every other tangent paired
+        with an output is taken as zero, Note [Only the loss has a
+        gradient]), else split.
 
         Raises:
             ConfigError: 1F1B asked for with the loss outside the compiled
@@ -161,7 +164,15 @@ class PipelineStep:
         self.saved_kinds = ["tensor" if isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor)
                             else "int" for o in fw_out[num_fwd_outputs:]]
         self.batch_input = _batch_input(fw_module)
-        self.mode = "step" if scalar_loss and len(tangents) == 1 else "split"
+        bw_tangents = [n for n in bw_module.graph.nodes
+                       if n.op == "placeholder" and n.name.startswith("tangents_")]
+        loss_links = [(b, f) for b, f in tangents
+                      if loss_tangent is not None and b == loss_tangent[1]]
+        # Step mode needs a value for every tangent at the forward call: the
+        # loss's seed, zeros for the rest, so each must be paired.
+        self.mode = ("step" if len(loss_links) == 1 and len(tangents) == len(bw_tangents)
+                     else "split")
+        self.loss_tangent_index = loss_tangent[0] if self.mode == "step" and loss_tangent else 0
         if self.mode == "split" and self.options["schedule"] != "gpipe":
             raise ConfigError(
                 f"modelpar pipeline: schedule={self.options['schedule']!r} interleaves forward and "
@@ -172,12 +183,13 @@ class PipelineStep:
                 "For 1F1B, compile a function that returns the loss, e.g. "
                 "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
                 "before the loss")
-        links = tangents if self.mode == "step" else []
+        links = loss_links if self.mode == "step" else []
+        zeros = [(b, f) for b, f in tangents if (b, f) not in links] if self.mode == "step" else []
         # FX outputs map onto IR outputs (-1: None or a constant); keep every
         # IR output the user's forward outputs use.
         user_map = list(fw_output_map[:num_fwd_outputs])
         keep = 1 + max([o for o in user_map if o >= 0], default=-1)
-        graph, fw_names, bw_names = _C.join_step(fw_graph, bw_graph, saved, links, keep)
+        graph, fw_names, bw_names = _C.join_step(fw_graph, bw_graph, saved, links, keep, zeros)
         self.graph = graph
         self.fw_out_names = [fw_names[o] if o >= 0 else "" for o in user_map]
         self.bw_out_names = [bw_names[o] if o >= 0 else "" for o in bw_output_map]
@@ -186,7 +198,7 @@ class PipelineStep:
         self.tangent_positions = [i for i, n in enumerate(bw_ph) if n.name.startswith("tangents_")]
         # The joint graph's inputs: the forward's, then the backward's that
         # no link names (renamed when taken), in order.
-        linked = {b for b, _ in saved} | {b for b, _ in links}
+        linked = {b for b, _ in saved} | {b for b, _ in links} | {b for b, _ in zeros}
         bw_in = list(bw_graph.input_names)
         extra = list(graph.input_names)[len(self.fw_input_names):]
         joint_name = dict(zip([n for n in bw_in if n not in linked], extra))
@@ -376,7 +388,8 @@ class PipelineStep:
             token = next((a for a in saved if isinstance(a, torch.Tensor)), None)
             stash = self.stash.get(token)
             if self.mode == "step":
-                (t,) = tangents or [None]
+                t = tangents[self.loss_tangent_index] if tangents else None
+                _check_only_the_loss(tangents, self.loss_tangent_index, self.name)
                 grads = [stash.values.get(n) if n else None for n in self.bw_out_names]
                 if isinstance(t, torch.Tensor) and not (t.numel() == 1 and float(t) == 1.0):
                     grads = [g * t if isinstance(g, torch.Tensor) else g for g in grads]
@@ -391,6 +404,37 @@ class PipelineStep:
             return [outs.get(n) if n else None for n in self.bw_out_names]
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
+
+
+# Note [Only the loss has a gradient]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A transformers model given labels returns its loss and its logits; with
+# the loss computed inside, a pipeline runs the whole step (1F1B interleaves
+# forward and backward) at the forward call, before it knows which outputs
+# will get a gradient. AOTAutograd's backward takes a tangent for every
+# differentiable output, so the logits have one too. The step seeds the loss
+# with ones and every other paired output with zeros (zeros_like in the
+# joint graph), which is what training does: loss.backward() leaves the
+# logits without a gradient, and AOTAutograd hands the backward zeros (or
+# None) for them. The backward checks that it did: a nonzero gradient of
+# another output (a second loss computed outside from the logits) raises
+# ExecutionError before any gradient is returned, naming what to do.
+
+
+def _check_only_the_loss(tangents: Sequence[Any], loss_index: int, name: str) -> None:
+    """Raises ExecutionError when a tangent other than the loss's is nonzero
+    (Note [Only the loss has a gradient])."""
+    for i, t in enumerate(tangents):
+        if i == loss_index or not isinstance(t, torch.Tensor) or t.numel() == 0:
+            continue
+        if bool(t.detach().ne(0).any()):
+            raise ExecutionError(
+                f"modelpar pipeline: {name} ran its pipelined step (forward and backward) at the "
+                "forward call, with a gradient for its loss only, but the backward got a nonzero "
+                f"gradient for another output (of shape {tuple(t.shape)}): a loss computed "
+                "outside the compiled function from its other outputs. Compute every loss inside "
+                "the compiled function and return their sum, or use schedule='gpipe' with the "
+                "loss outside")
 
 
 def _run(built: _Built, k: int, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -23,6 +23,11 @@ silently ignored.
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
 
+Frameworks that call torch.compile for you (transformers' Trainer with
+``torch_compile_backend="modelpar"``) pass no options: set them in the
+environment as a JSON object, ``MODELPAR_OPTIONS='{"devices": 2, "pipeline":
+{"schedule": "1f1b"}}'``; options given to torch.compile override it key by key.
+
 Any of ``devices`` > 1, ``memory``, ``trace`` or a CUDA ``device_map``
 plans the graphs (``CompileOptions.planned``) and runs them on the
 Executor; otherwise a graph runs on the one-device C++ interpreter.
@@ -232,9 +237,46 @@ def _check_cuda(device_map: Any) -> None:
                           f"devices")
 
 
+# Note [Options from the environment]: frameworks that compile the model
+# for the user (transformers' Trainer with torch_compile_backend="modelpar",
+# Lightning, accelerate) call torch.compile with a backend name and at most a
+# mode, never modelpar's options. $MODELPAR_OPTIONS, a JSON object of the
+# same keys, gives them: it is validated on its own (errors name the
+# variable), then the options passed to torch.compile override it key by key.
+OPTIONS_ENV = "MODELPAR_OPTIONS"
+
+
+def _env_options() -> dict[str, Any]:
+    """The options of $MODELPAR_OPTIONS (validated), or {} when unset.
+
+    Raises:
+        ConfigError: not a JSON object, or an option in it that
+            resolve_options refuses (the message names the variable).
+    """
+    import json
+    text = os.environ.get(OPTIONS_ENV, "").strip()
+    if not text:
+        return {}
+    try:
+        options = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"modelpar options: ${OPTIONS_ENV} is not valid JSON ({e}); it takes a "
+                          "JSON object of options, e.g. '{\"devices\": 2}'") from None
+    if not isinstance(options, dict):
+        raise ConfigError(f"modelpar options: ${OPTIONS_ENV} must be a JSON object of options "
+                          f"(keys {', '.join(_KEYS)}), got {text!r}")
+    try:
+        _resolve(options, None)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (in ${OPTIONS_ENV}={text})") from None
+    return options
+
+
 def resolve_options(options: Mapping[str, Any] | None = None,
                     mode: str | None = None) -> CompileOptions:
-    """Validates ``options`` and ``mode`` as ``torch.compile`` passes them.
+    """Validates ``options`` and ``mode`` as ``torch.compile`` passes them,
+    over the defaults of $MODELPAR_OPTIONS (Note [Options from the
+    environment]).
 
     Raises:
         ConfigError: an unknown key, a bad value (the message lists the valid
@@ -243,7 +285,18 @@ def resolve_options(options: Mapping[str, Any] | None = None,
     if options is not None and not isinstance(options, Mapping):
         raise ConfigError(f"modelpar options: options={options!r} is not valid; options takes a "
                           f"dict with keys {', '.join(_KEYS)}, or None")
-    options = dict(options or {})
+    env = _env_options()
+    if not env:
+        return _resolve(dict(options or {}), mode)
+    try:
+        return _resolve({**env, **dict(options or {})}, mode)
+    except ConfigError as e:
+        raise ConfigError(f"{e} (options given over ${OPTIONS_ENV}="
+                          f"{os.environ[OPTIONS_ENV].strip()})") from None
+
+
+def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
+    options = dict(options)
     unknown = _sorted_reprs(k for k in options if k not in _KEYS)
     if unknown:
         raise ConfigError(f"modelpar options: unknown key{'s' if len(unknown) > 1 else ''} "

@@ -222,16 +222,21 @@ class Plan:
     def runs_on(self) -> str:
         where = {g.runs_on for g in self.graphs.values()}
         if where == {"modelpar"}:
+            # What runs: the searched plan, the pipeline, or the placer.
+            if self.search is not None:
+                how = f"strategy auto: {self.search.candidates[self.search.chosen]['label']}"
+            elif self.pipeline is not None or (self.options.pipeline is not None
+                                               and self.joint is None):
+                how = "pipeline"
+            else:
+                how = self.options.placer or "m-etf"
             if self.options.planned and getattr(self.options, "world", False):
-                how = ("pipeline" if self.options.pipeline is not None
-                       else self.options.placer or "m-etf")
                 return (f"modelpar rank executor, {self.options.devices} ranks of a process "
                         f"group ({how})")
             if self.options.planned:
                 on = self.options.executor_device_map
                 what = "CPU worker devices" if on == "cpu-workers" else f"devices on {on}"
-                return (f"modelpar executor, {self.options.devices} {what} "
-                        f"({self.options.placer or 'm-etf'})")
+                return f"modelpar executor, {self.options.devices} {what} ({how})"
             return "modelpar C++ interpreter, 1 device"
         if where == {"eager"}:
             return "eager PyTorch (fallback)"

@@ -379,6 +379,35 @@ def test_bad_options_raise_value_error_listing_valid_choices(options: dict, matc
         modelpar.resolve_options(options)
 
 
+def test_options_from_the_environment_are_defaults_torch_compile_overrides(monkeypatch) -> None:
+    # Note [Options from the environment]: for frameworks that compile for you.
+    monkeypatch.setenv("MODELPAR_OPTIONS", '{"devices": 2, "pipeline": {"schedule": "1f1b"}}')
+    o = modelpar.resolve_options()
+    assert o.devices == 2 and o.pipeline["schedule"] == "1f1b"
+    o = modelpar.resolve_options({"pipeline": {"schedule": "gpipe"}})  # a key replaces a key
+    assert o.devices == 2 and o.pipeline["schedule"] == "gpipe"
+    # And torch.compile uses them: a model compiled with no options runs on two devices.
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    monkeypatch.setenv("MODELPAR_OPTIONS", '{"devices": 2, "strict": true}')
+    model = MLP()
+    x = torch.randn(8, 16)
+    torch.testing.assert_close(torch.compile(model, backend="modelpar")(x), model(x),
+                               rtol=1e-5, atol=1e-6)  # one 32-wide layer sum reordered
+    assert "2 CPU worker devices" in modelpar.plans()[-1].runs_on
+    for text, match in [("devices=2", r"\$MODELPAR_OPTIONS is not valid JSON"),
+                        ("[2]", r"\$MODELPAR_OPTIONS must be a JSON object of options"),
+                        ('{"devices": 0}', r"devices=0 is not valid.*\(in \$MODELPAR_OPTIONS="),
+                        ('{"device": 2}', r"unknown key 'device'.*\(in \$MODELPAR_OPTIONS=")]:
+        monkeypatch.setenv("MODELPAR_OPTIONS", text)
+        with pytest.raises(modelpar.ConfigError, match=match):
+            modelpar.resolve_options()
+    # Valid alone, not with what torch.compile was given: the error says both.
+    monkeypatch.setenv("MODELPAR_OPTIONS", '{"devices": 2, "strategy": "auto"}')
+    with pytest.raises(modelpar.ConfigError, match=r"options given over \$MODELPAR_OPTIONS"):
+        modelpar.resolve_options({"placer": "m-sct", "devices": 2})
+
+
 def test_pipeline_option_gets_its_defaults() -> None:
     o = modelpar.resolve_options({"devices": 2, "pipeline": {"microbatches": 8}})
     assert o.planned

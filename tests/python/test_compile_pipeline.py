@@ -179,7 +179,9 @@ def test_padded_labels_and_class_weights_weigh_micro_batches_by_their_targets(
     ref.backward()
     for (n, p), q in zip(model.named_parameters(), eager.parameters()):
         tol.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
-    assert modelpar.plans()[-1].pipeline.num_stages == 2
+    plan = modelpar.plans()[-1]
+    assert plan.pipeline.num_stages == 2
+    assert "2 CPU worker devices (pipeline)" in plan.runs_on, plan.runs_on
 
 
 def test_momentum_sgd_steps_equal_eager() -> None:

@@ -202,6 +202,36 @@ def test_sequence_lengths_that_vary_keep_one_batch_symbol() -> None:
         fast(x, y)
 
 
+def test_a_model_returning_its_loss_and_logits_runs_1f1b() -> None:
+    """A transformers model given labels computes its loss and returns it with
+    the logits, as training loops (transformers' Trainer) call it. AOTAutograd
+    gives the logits a gradient input too; the step seeds the loss alone
+    (Note [Only the loss has a gradient]), so 1F1B runs: loss and gradients
+    equal eager. A second loss computed outside from the logits is an
+    ExecutionError, and no gradient is written."""
+    case = ZOO["llama"]
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(model, backend="modelpar",
+                         options={"devices": 2, "pipeline": {"schedule": "1f1b"}, "strict": True})
+    x, _ = case.batch(0, case.batch_size)
+    out, ref = fast(input_ids=x, labels=x), eager(input_ids=x, labels=x)
+    case.tol.assert_close(out.loss.detach(), ref.loss.detach())
+    case.tol.assert_close(out.logits.detach(), ref.logits.detach())
+    out.loss.backward()
+    ref.loss.backward()
+    scale = max(float(q.grad.abs().max()) for q in eager.parameters())
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        case.tol.assert_close(p.grad, q.grad, scale=scale, msg=lambda m, n=n: f"grad of {n}: {m}")
+    plan = modelpar.plans()[-1]
+    assert plan.pipeline is not None and plan.pipeline_mode == "step", plan
+    model.zero_grad(set_to_none=True)
+    out = fast(input_ids=x, labels=x)
+    with pytest.raises(modelpar.ExecutionError, match="nonzero gradient for another output"):
+        (out.loss + out.logits.float().pow(2).mean()).backward()
+    assert all(p.grad is None for p in model.parameters())
+
+
 def test_more_devices_than_layers_is_an_error_naming_the_layers() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     fast = torch.compile(model, backend="modelpar", options={"devices": 8, "pipeline": {}})
