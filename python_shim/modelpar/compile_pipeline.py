@@ -135,6 +135,7 @@ class PipelineStep:
         self.tangent_names: list[str] = []
         self.saved_kinds: list[str] = []  # per saved forward output: "tensor" / "int"
         self.tangent_positions: list[int] = []
+        self.loss_tangent_index = 0  # step: the loss's among the tangents (the rest are zero)
         self.graph_kind = "training"
         self.batch_input = -1  # the forward input whose dim 0 is the batch
         # every forward input split along dim 0 (Note [One batch symbol] in fx_import.py)

@@ -8,8 +8,10 @@ Trainer run.
 
 Trainer cannot compile with modelpar itself (its torch_compile_backend takes
 accelerate's list of backends), so the model is compiled before it is handed
-over, and remove_unused_columns=False keeps the batch's columns (the compiled
-module's forward takes **kwargs, which Trainer cannot match against)."""
+over; the compiled module's forward takes **kwargs, which Trainer cannot read
+the model's arguments from, so remove_unused_columns=False keeps the batch's
+columns and label_names names the labels (without it, evaluate() computes no
+loss). Then evaluate() runs the no_grad graph: its loss equals eager's."""
 
 from __future__ import annotations
 
@@ -42,30 +44,36 @@ class _Tokens(torch.utils.data.Dataset):
         return {"input_ids": self.rows[i], "labels": self.rows[i].clone()}
 
 
-def _train(tmp_path, options: dict | None) -> list[float]:
+def _train(tmp_path, options: dict | None, accumulate: int) -> tuple[list[float], float]:
     torch.manual_seed(0)
     model = ZOO["llama"].make_model()
     if options is not None:
         model = torch.compile(model, backend="modelpar", options={**options, "strict": True})
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=4, learning_rate=1e-3,
+        gradient_accumulation_steps=accumulate, label_names=["labels"],
         max_grad_norm=1.0, logging_steps=1, report_to=[], use_cpu=True, save_strategy="no",
         seed=0, dataloader_num_workers=0, disable_tqdm=True, remove_unused_columns=False)
     trainer = transformers.Trainer(model=model, args=args, train_dataset=_Tokens(16))
     trainer.train()
-    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    return losses, trainer.evaluate(_Tokens(8))["eval_loss"]
 
 
-@pytest.mark.parametrize("options", [
-    {"devices": 2},
-    {"devices": 2, "pipeline": {"schedule": "1f1b", "microbatches": 2}},
-], ids=["placed", "1f1b"])
-def test_trainer_trains_a_modelpar_model_like_eager(tmp_path, options: dict) -> None:
-    want = _train(tmp_path / "eager", None)
-    got = _train(tmp_path / "modelpar", options)
+@pytest.mark.parametrize("options,accumulate", [
+    ({"devices": 2}, 1),
+    ({"devices": 2, "pipeline": {"schedule": "1f1b", "microbatches": 2}}, 2),
+], ids=["placed", "1f1b-accumulating"])
+def test_trainer_trains_a_modelpar_model_like_eager(tmp_path, options: dict,
+                                                    accumulate: int) -> None:
+    """With gradient accumulation Trainer scales each backward by the
+    tokens of the whole accumulation window (num_items_in_batch)."""
+    want, want_eval = _train(tmp_path / "eager", None, accumulate)
+    got, got_eval = _train(tmp_path / "modelpar", options, accumulate)
     assert len(got) == len(want) == 4
     # Reordered sums of the zoo's Llama, over 4 AdamW steps (tolerances.py).
-    ZOO["llama"].tol.after(steps=4).assert_close(torch.tensor(got), torch.tensor(want))
+    tol = ZOO["llama"].tol.after(steps=4)
+    tol.assert_close(torch.tensor(got + [got_eval]), torch.tensor(want + [want_eval]))
     plan = modelpar.plans()[-1]
     assert ("pipeline" in options) == (plan.pipeline is not None), plan
     assert all(g.runs_on == "modelpar" for g in plan.graphs.values()), plan
