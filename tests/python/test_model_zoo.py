@@ -232,6 +232,42 @@ def test_a_model_returning_its_loss_and_logits_runs_1f1b() -> None:
     assert all(p.grad is None for p in model.parameters())
 
 
+def test_masked_language_model_with_uneven_masks_pipelines_exactly() -> None:
+    """BERT's masked-LM loss counts only the masked positions (labels -100
+    elsewhere) and an attention mask pads one row. With the second half of
+    the batch masking four times as many tokens, micro-batches count
+    different numbers of targets, which Note [Counted means] weighs: loss and
+    every gradient equal eager through 1F1B."""
+    import transformers
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2,
+                                  num_attention_heads=4, intermediate_size=64,
+                                  max_position_embeddings=32, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    model = transformers.BertForMaskedLM(cfg)
+    eager = copy.deepcopy(model)
+    fast = torch.compile(model, backend="modelpar", options={
+        "devices": 2, "pipeline": {"schedule": "1f1b", "microbatches": 2}, "strict": True})
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 64, (4, 16), generator=g)
+    masked = torch.rand(x.shape, generator=g) < 0.15
+    masked[2:] |= torch.rand(x[2:].shape, generator=g) < 0.5
+    labels = torch.where(masked, x, torch.full_like(x, -100))
+    attention = torch.ones_like(x)
+    attention[0, 10:] = 0
+    out = fast(input_ids=x, attention_mask=attention, labels=labels)
+    ref = eager(input_ids=x, attention_mask=attention, labels=labels)
+    tol = ZOO["bert"].tol
+    tol.assert_close(out.loss.detach(), ref.loss.detach())
+    out.loss.backward()
+    ref.loss.backward()
+    scale = max(float(q.grad.abs().max()) for q in eager.parameters() if q.grad is not None)
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        assert (p.grad is None) == (q.grad is None), n
+        if q.grad is not None:
+            tol.assert_close(p.grad, q.grad, scale=scale, msg=lambda m, n=n: f"grad of {n}: {m}")
+
+
 def test_more_devices_than_layers_is_an_error_naming_the_layers() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     fast = torch.compile(model, backend="modelpar", options={"devices": 8, "pipeline": {}})
