@@ -1,4 +1,5 @@
-"""Gradient clipping for a model whose gradients are split over ranks.
+"""Gradient clipping and loss scaling for a model whose gradients are split
+over ranks (GradScaler at the end).
 
 Over a process group (``devices="world"``) each gradient lives on one rank
 only, the home of its parameter (Note [One home per parameter] in
@@ -33,7 +34,7 @@ import torch
 
 from .errors import ConfigError
 
-__all__ = ["clip_grad_norm_"]
+__all__ = ["clip_grad_norm_", "GradScaler"]
 
 
 def _parameters(parameters: Any) -> list[torch.Tensor]:
@@ -115,3 +116,60 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
         torch.nn.utils.clip_grads_with_norm_([p for p in params if p.grad is not None],
                                              max_norm, total, foreach)
     return total
+
+
+class GradScaler(torch.amp.GradScaler):
+    """``torch.amp.GradScaler`` for a model whose gradients are split over
+    ranks: the check for inf / nan gradients covers every rank's.
+
+    A scaler skips the optimizer step and backs off its scale when any
+    gradient overflowed. Over a process group each rank holds only its own
+    parameters' gradients, so torch's scaler would decide per rank: the rank
+    whose gradient overflowed skips the step and halves its scale, the
+    others step and keep theirs, and the ranks leave eager's path for good.
+    This one all-reduces the found-inf flag in ``unscale_`` (which ``step``
+    calls), so every rank skips or steps alike and keeps the same scale;
+    every rank of the group must call ``step`` (or ``unscale_``) together.
+    In one process it is torch's. Arguments are torch's, plus
+    ``process_group`` (default: the default group) and ``timeout_s``.
+
+    Raises (from ``unscale_`` / ``step``):
+        ExecutionError: the group did not complete the all-reduce within
+            ``timeout_s``.
+    """
+
+    def __init__(self, device: str = "cuda", init_scale: float = 2.0 ** 16,
+                 growth_factor: float = 2.0, backoff_factor: float = 0.5,
+                 growth_interval: int = 2000, enabled: bool = True, *,
+                 process_group: Any = None, timeout_s: float = 30.0) -> None:
+        super().__init__(device, init_scale=init_scale, growth_factor=growth_factor,
+                         backoff_factor=backoff_factor, growth_interval=growth_interval,
+                         enabled=enabled)
+        self._modelpar_group = process_group
+        self._modelpar_timeout_s = timeout_s
+
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
+        super().unscale_(optimizer)
+        if not self._enabled:
+            return
+        from .distributed import home_rank
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if not any(home_rank(p) is not None for p in params):
+            return
+        import torch.distributed as dist
+
+        from .distributed import _wait, group_of, wire_device
+        group = group_of(self._modelpar_group, "modelpar GradScaler")
+        found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        flag = torch.zeros((), dtype=torch.float32, device=wire_device(group))
+        for f in found.values():
+            flag = torch.maximum(flag, f.to(flag.device, torch.float32))
+        _wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True),
+              self._modelpar_timeout_s, "GradScaler's inf check over the ranks")
+        # Every device of this rank's gradients, and the scale's (update()
+        # needs at least one check on a rank that holds no gradient), sees it.
+        if self._scale is not None and self._scale.device not in found:
+            found[self._scale.device] = torch.zeros((), dtype=torch.float32,
+                                                    device=self._scale.device)
+        for device in list(found):
+            found[device] = flag.to(device)

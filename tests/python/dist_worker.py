@@ -4,7 +4,7 @@ the environment, initialises a Gloo group and runs one scenario; prints
 ``RESULT <json>`` on success and exits 1 with the traceback otherwise.
 
 Scenarios:
-  train CASE STEPS [PIPELINE [release|clip|trace|meta]]  the test model CASE
+  train CASE STEPS [PIPELINE [release|clip|scaler|trace|meta]]  the test model CASE
       (tests/python/models.py, or "zoo:NAME": a transformers model of
       tests/python/zoo.py, its loss computed inside the model),
       compiled with devices="world" (or a pipeline over the ranks: "gpipe" /
@@ -97,7 +97,9 @@ class _Case:
 def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = None) -> None:
     """pipeline: a schedule, "none" (m-ETF) or "auto" (strategy="auto").
     extra: "release" (release_unowned after the first step), "clip"
-    (modelpar.clip_grad_norm_ every step, against torch's in eager), "trace" (the
+    (modelpar.clip_grad_norm_ every step, against torch's in eager), "scaler"
+    (modelpar.GradScaler against torch's in eager, with an inf put into one
+    rank's gradient in step 0), "trace" (the
     trace option, files in $MODELPAR_TEST_TRACE_DIR), "meta" (built on meta,
     materialized) or "own-cache" (each rank its own profile cache,
     $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on)."""
@@ -108,6 +110,10 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     release = extra == "release"
     meta = extra == "meta"
     clip = extra == "clip"
+    # "scaler": modelpar.GradScaler against torch's in eager (an overflow injected in step 0)
+    scaler = modelpar.GradScaler("cpu", init_scale=1024.0) if extra == "scaler" else None
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=1024.0) if scaler is not None else None
+    scales: list[tuple[float, float]] = []
     norms: list[tuple[float, float]] = []  # (total, this rank's own) per step
     trace_dir = os.environ["MODELPAR_TEST_TRACE_DIR"] if extra == "trace" else None
     case = _Case(case_name)
@@ -154,8 +160,12 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         loss = fast(x, y)
         ref = case.loss(eager, x, y)
         tol.assert_close(loss.detach(), ref.detach())
-        loss.backward()
-        ref.backward()
+        if scaler is not None:  # gradients times the scale, as fp16 training makes them
+            scaler.scale(loss).backward()
+            ref_scaler.scale(ref).backward()
+        else:
+            loss.backward()
+            ref.backward()
         if clip:  # a max norm the gradients exceed, so that clipping scales them
             kind = (2.0, float("inf"), 1.0)[step % 3]
             here = [p.grad for p in model.parameters() if p.grad is not None]
@@ -182,8 +192,20 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
             if p.grad is not None:
                 owners[n] = dist.get_rank()
         assert all(c == 1 for c in counts.values()), f"each gradient on one rank: {counts}"
-        opt.step()
-        ref_opt.step()
+        if scaler is not None:
+            if step == 0:  # an overflow in the last parameter's gradient, on its rank only
+                last = list(model.parameters())[-1]
+                if last.grad is not None:
+                    last.grad.view(-1)[0] = float("inf")
+                list(eager.parameters())[-1].grad.view(-1)[0] = float("inf")
+            scaler.step(opt)
+            scaler.update()
+            ref_scaler.step(ref_opt)
+            ref_scaler.update()
+            scales.append((scaler.get_scale(), ref_scaler.get_scale()))
+        else:
+            opt.step()
+            ref_opt.step()
         opt.zero_grad()
         ref_opt.zero_grad()
         losses.append(float(loss.detach()))
@@ -251,7 +273,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     from modelpar import distributed as mp_dist
     _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
             reverse_group=bool(mp_dist._reverse_groups),
-            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed, norms=norms,
+            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed, norms=norms, scales=scales,
             traced=traced, materialized=materialized)
 
 

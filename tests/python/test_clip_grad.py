@@ -1,8 +1,9 @@
-"""modelpar.clip_grad_norm_ in one process: the gradients of a model placed
-on two CPU worker devices are all local, so it is torch.nn.utils.clip_grad_norm_
-(same norm, same clipped gradients as eager's); bad arguments are ConfigErrors
-that change nothing. Over ranks: test_distributed.py
-(test_gradient_clipping_over_ranks_uses_the_whole_models_norm)."""
+"""modelpar.clip_grad_norm_ and modelpar.GradScaler in one process: the
+gradients of a model placed on two CPU worker devices are all local, so they
+are torch's (same norm, same clipped gradients; the same skipped step); bad
+arguments are ConfigErrors that change nothing. Over ranks: test_distributed.py
+(test_gradient_clipping_over_ranks_uses_the_whole_models_norm,
+test_grad_scaler_skips_a_step_on_every_rank_when_one_rank_overflows)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,29 @@ def test_bad_arguments_are_config_errors_and_clip_nothing() -> None:
     with pytest.raises(modelpar.ConfigError, match="norm_type must be a number"):
         modelpar.clip_grad_norm_(model, 1.0, norm_type=None)
     assert all(bool((p.grad == 1).all()) for p in model.parameters())
+
+
+def test_grad_scaler_in_one_process_is_torchs() -> None:
+    torch.manual_seed(0)
+    model = MLP()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(model, backend="modelpar", options={"devices": 2, "strict": True})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.1)
+    scaler = modelpar.GradScaler("cpu", init_scale=256.0)
+    ref_scaler = torch.amp.GradScaler("cpu", init_scale=256.0)
+    for step in range(3):
+        x, y = torch.randn(8, 16), torch.randn(8, 4)
+        scaler.scale(torch.nn.functional.mse_loss(fast(x), y)).backward()
+        ref_scaler.scale(torch.nn.functional.mse_loss(eager(x), y)).backward()
+        if step == 1:  # an overflow: both skip this step and halve the scale
+            model.fc1.weight.grad[0, 0] = float("inf")
+            eager.fc1.weight.grad[0, 0] = float("inf")
+        for s, o in ((scaler, opt), (ref_scaler, ref_opt)):
+            s.step(o)
+            s.update()
+            o.zero_grad()
+        assert scaler.get_scale() == ref_scaler.get_scale()
+    assert scaler.get_scale() == 128.0
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        TOL.after(steps=3).assert_close(p, q, msg=lambda m, n=n: f"{n}: {m}")

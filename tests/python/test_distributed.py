@@ -156,6 +156,19 @@ def test_gradient_clipping_over_ranks_uses_the_whole_models_norm(world: int, cas
         assert all(own < total for total, own in r["norms"][::2]), r["norms"]
 
 
+@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+def test_grad_scaler_skips_a_step_on_every_rank_when_one_rank_overflows(schedule: str) -> None:
+    # Step 0's last gradient is set to inf on the rank that holds it (and in
+    # eager): modelpar.GradScaler all-reduces the inf check, so every rank
+    # skips that step and backs off its scale as eager's scaler does; the
+    # worker checks losses, gradients and parameters against eager. (With
+    # torch.amp.GradScaler the other rank steps and fails that check.)
+    results = _all_ok(_launch(2, "train", "mlp", "3", schedule, "scaler"))
+    for r in results:
+        assert [ours for ours, _ in r["scales"]] == [eager for _, eager in r["scales"]], r["scales"]
+        assert r["scales"][0][0] == 512.0, r["scales"]  # 1024 backed off by the skipped step
+
+
 @pytest.mark.parametrize("case,schedule", [("llama", "none"), ("gpt2", "gpipe"),
                                            ("bert", "1f1b"), ("resnet", "none"),
                                            ("mixtral", "1f1b")])
