@@ -43,7 +43,7 @@ from .options import CompileOptions, resolve_options
 from .distributed import release_unowned
 from .materialize import Materialized, materialize, materialize_all
 from .state_dict import gather_state_dict, owned_state_dict
-from .clip_grad import GradScaler, clip_grad_norm_
+from .rank_gradients import GradScaler, clip_grad_norm_
 from .pipeline_passes import (
     CHECKPOINT_MODES,
     PARTITION_METHODS,
