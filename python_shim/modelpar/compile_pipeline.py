@@ -183,7 +183,7 @@ class PipelineStep:
                 "runs the backward only after the whole forward: only fill-drain ('gpipe') fits. "
                 "For 1F1B, compile a function that returns the loss, e.g. "
                 "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
-                "before the loss")
+                "before the loss" + _last_graph_break())
         links = loss_links if self.mode == "step" else []
         zeros = [(b, f) for b, f in tangents if (b, f) not in links] if self.mode == "step" else []
         # FX outputs map onto IR outputs (-1: None or a constant); keep every
@@ -405,6 +405,24 @@ class PipelineStep:
             return [outs.get(n) if n else None for n in self.bw_out_names]
         run._boxed_call = True  # type: ignore[attr-defined]
         return run
+
+
+def _last_graph_break() -> str:
+    """The reason (and Dynamo's hint) of the last graph break Dynamo has
+    recorded in this process, for an error about a loss a graph break split
+    off; "" when there is none. (transformers' GPT-2 given labels breaks at
+    a logger.warning_once before its loss, which the hint removes.)"""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return ""
+    reasons = list(counters.get("graph_break", {}))
+    if not reasons:
+        return ""
+    lines = [line.strip() for line in str(reasons[-1]).splitlines() if line.strip()]
+    hint = next((line for line in lines if line.startswith("Hint:")), "")
+    return (f". The last graph break Dynamo recorded in this process: {lines[0]}"
+            + (f" ({hint})" if hint else ""))
 
 
 # Note [Only the loss has a gradient]

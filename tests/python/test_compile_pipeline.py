@@ -400,6 +400,10 @@ def test_a_graph_break_before_the_loss_says_so_under_1f1b() -> None:
     inner = _inner(err)
     assert isinstance(inner, modelpar.ConfigError), inner
     assert "after a graph break" in str(inner) and "no graph break before the loss" in str(inner)
+    # Dynamo's own reason for the break, which names what to change.
+    assert ("The last graph break Dynamo recorded in this process: Dynamic shape operator"
+            in str(inner)), str(inner)
+    assert "capture_dynamic_output_shape_ops" in str(inner), str(inner)  # Dynamo's hint
 
 
 def test_a_model_without_modules_is_a_config_error_naming_layers() -> None:
