@@ -153,6 +153,20 @@ void Microbatcher::findLossAndSeed() {
     d_.counted = countedReducer();
     if (d_.counted != ir::kNoId) d_.count = g_.node(d_.counted).outputs[1];
   }
+  // Class weights make a mean nll loss divide by the targets' weight: a
+  // counted mean weighs each micro-batch by it; b_k/B weights cannot.
+  if (d_.mean && d_.sizes.size() > 1 && d_.counted == ir::kNoId && d_.loss != ir::kNoId &&
+      o_.loss_reduction == LossReduction::Auto) {
+    for (NodeId n : lossReducers()) {
+      const ir::Node& nd = g_.node(n);
+      MP_CHECK(nd.op.find("nll_loss") == std::string::npos || nd.args.size() <= 2 ||
+                   nd.args[2].isNone(),
+               UnsupportedOpError,
+               "{}: graph @{}: {} averages with class weights, a weighted mean that is not "
+               "b_k/B times the micro-batch means; use reduction=sum and divide by the weights",
+               kWho, g_.name(), ref(n));
+    }
+  }
 }
 
 // Note [Counted means]
@@ -269,17 +283,6 @@ bool Microbatcher::reducerIsMean(NodeId n) const {
   MP_CHECK(reduction == 1 || reduction == 2, UnsupportedOpError,
            "{}: graph @{}: {} has reduction={} (none) but its result is the loss %{}",
            kWho, g_.name(), ref(n), reduction, g_.value(d_.loss).name);
-  // Class weights make the mean's divisor the targets' weight; counted means
-  // weigh each micro-batch by it (Note [Counted means]); other forms refuse.
-  bool counted = (nd.op == "aten::nll_loss_forward" || nd.op == "aten::nll_loss2d_forward") &&
-                 nd.outputs.size() == 2 && lossReducers().size() == 1;
-  if (reduction == 1 && nd.op.find("nll_loss") != std::string::npos && nd.args.size() > 2 &&
-      !counted) {
-    MP_CHECK(nd.args[2].isNone(), UnsupportedOpError,
-             "{}: graph @{}: {} averages with class weights, a weighted mean that is not "
-             "b_k/B times the micro-batch means; use reduction=sum and divide by the weights",
-             kWho, g_.name(), ref(n));
-  }
   return reduction == 1;
 }
 

@@ -53,6 +53,12 @@ def _parameters(parameters: Any) -> list[torch.Tensor]:
     return out
 
 
+def _over_ranks(params: list[torch.Tensor]) -> bool:
+    """Whether a compiled step binds any of ``params`` over a process group."""
+    from .distributed import home_rank
+    return any(home_rank(p) is not None for p in params)
+
+
 def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
                     error_if_nonfinite: bool = False, foreach: bool | None = None, *,
                     process_group: Any = None, timeout_s: float = 30.0) -> torch.Tensor:
@@ -77,19 +83,17 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"modelpar clip_grad_norm_: {name} must be a number, got "
                               f"{value!r}")
-    from .distributed import home_rank
-    over_ranks = any(home_rank(p) is not None for p in params)
-    if not over_ranks:
+    if not _over_ranks(params):
         return torch.nn.utils.clip_grad_norm_(params, max_norm, norm_type, error_if_nonfinite,
                                               foreach)
     import torch.distributed as dist
 
     from .distributed import _wait, group_of, wire_device
+    from .state_dict import _home
     group = group_of(process_group, "modelpar clip_grad_norm_")
     rank = dist.get_rank(group)
     norm_type = float(norm_type)
-    mine = [p.grad for p in params
-            if p.grad is not None and (home_rank(p) if home_rank(p) is not None else 0) == rank]
+    mine = [p.grad for p in params if p.grad is not None and _home(p) == rank]
     wire = wire_device(group)
     if mine:
         local = torch.nn.utils.get_total_norm(mine, norm_type, False, foreach).to(
@@ -152,9 +156,7 @@ class GradScaler(torch.amp.GradScaler):
         super().unscale_(optimizer)
         if not self._enabled:
             return
-        from .distributed import home_rank
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        if not any(home_rank(p) is not None for p in params):
+        if not _over_ranks([p for g in optimizer.param_groups for p in g["params"]]):
             return
         import torch.distributed as dist
 
