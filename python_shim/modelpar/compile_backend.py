@@ -122,6 +122,17 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
 # _batch_input raises a ConfigError naming the inputs and what to do.
 
 
+def _symbolic_batch(node: torch.fx.Node) -> bool:
+    """Whether the placeholder's dim 0 is a free symbol: not a constant,
+    nor a symbol Dynamo has since specialised to one (a KV cache's batch
+    symbol, made dynamic by automatic dynamism, then equated with the static
+    batch of the new tokens it is concatenated with)."""
+    from torch.fx.experimental.symbolic_shapes import is_concrete_int
+    val = node.meta.get("example_value")
+    return (isinstance(val, torch.Tensor) and val.dim() > 0
+            and isinstance(val.shape[0], torch.SymInt) and not is_concrete_int(val.shape[0]))
+
+
 def _retrace_with_a_symbolic_batch(gm: torch.fx.GraphModule, example_inputs: Sequence[Any],
                                    roles: Sequence[tuple[InputRole, str | None]]) -> None:
     """Asks Dynamo to trace again with a symbolic batch when the captured
@@ -137,15 +148,13 @@ def _retrace_with_a_symbolic_batch(gm: torch.fx.GraphModule, example_inputs: Seq
             and not isinstance(t, torch.nn.Parameter) and t.dim() > 0]
     if not data:
         return
-    for node, _ in data:
-        val = node.meta.get("example_value")
-        if isinstance(val, torch.Tensor) and val.dim() > 0 and isinstance(val.shape[0], torch.SymInt):
-            return  # already symbolic
     batch = data[0][1].shape[0]
-    batched = [t for _, t in data if t.shape[0] == batch]
-    if all(0 in getattr(t, "_dynamo_weak_dynamic_indices", ()) for t in batched):
+    batched = [(node, t) for node, t in data if t.shape[0] == batch]
+    if all(_symbolic_batch(node) for node, _ in batched):
+        return  # already symbolic
+    if all(0 in getattr(t, "_dynamo_weak_dynamic_indices", ()) for _, t in batched):
         return  # asked once already and still static: _batch_input explains
-    for t in batched:
+    for _, t in batched:
         torch._dynamo.maybe_mark_dynamic(t, 0)
     raise TensorifyScalarRestartAnalysis(
         restart_reason="modelpar pipeline: tracing again with a symbolic batch dimension")

@@ -164,7 +164,7 @@ class PipelineStep:
         fw_out = next(n for n in fw_module.graph.nodes if n.op == "output").args[0]
         self.saved_kinds = ["tensor" if isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor)
                             else "int" for o in fw_out[num_fwd_outputs:]]
-        self.batch_input = _batch_input(fw_module)
+        self.batch_input = _batch_input(fw_module, static_ok=self.opts.strategy == "auto")
         bw_tangents = [n for n in bw_module.graph.nodes
                        if n.op == "placeholder" and n.name.startswith("tangents_")]
         loss_links = [(b, f) for b, f in tangents
@@ -184,6 +184,12 @@ class PipelineStep:
                 "For 1F1B, compile a function that returns the loss, e.g. "
                 "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
                 "before the loss" + _last_graph_break())
+        if self.batch_input < 0 and self.mode == "split":
+            # Only pipelines split a step at its backward, and a static batch
+            # has none (Note [A static batch under strategy="auto"]).
+            _batch_input(fw_module, hint=(
+                "; strategy='auto' plans such a step without micro-batches only when the "
+                "compiled function returns the loss"))
         links = loss_links if self.mode == "step" else []
         zeros = [(b, f) for b, f in tangents if (b, f) not in links] if self.mode == "step" else []
         # FX outputs map onto IR outputs (-1: None or a constant); keep every
@@ -219,7 +225,7 @@ class PipelineStep:
         Raises:
             ConfigError: a batch dimension that is not symbolic.
         """
-        self.batch_input = _batch_input(gm)
+        self.batch_input = _batch_input(gm, static_ok=self.opts.strategy == "auto")
         self.mode = "step"
         self.graph = graph
         names = list(graph.output_names)
@@ -346,6 +352,8 @@ class PipelineStep:
             ConfigError: the batched inputs differ in size along dim 0
                 (Note [One batch symbol] in fx_import.py).
         """
+        if self.batch_input < 0:
+            return STATIC_BATCH  # Note [A static batch under strategy="auto"]
         batch = int(args[self.batch_input].shape[0])
         sizes = {i: int(args[i].shape[0]) for i in self.batched_inputs
                  if isinstance(args[i], torch.Tensor) and args[i].dim() > 0}
@@ -466,11 +474,29 @@ def _run(built: _Built, k: int, values: Mapping[str, Any]) -> dict[str, Any]:
     return {n: outs[i] for n, i in built.output_index[k].items()}
 
 
-def _batch_input(fw_module: torch.fx.GraphModule) -> int:
-    """The index of the first forward input whose dim 0 is symbolic.
+# Note [A static batch under strategy="auto"]: a graph whose batch Dynamo
+# specialised even when asked for a symbol (the model reshapes to a fixed
+# batch size, or compares it with one) cannot be cut into micro-batches.
+# Under the pipeline option that is an error (the user asked for
+# micro-batches); under strategy="auto" the search goes on without them: the
+# graph is planned once, under the batch key STATIC_BATCH, where the search
+# (step_search.py) meets a batch of 1 (no micro-batch sizes to time, no
+# micro-batch counts but 1) and so ranks the one-device plan and the
+# placements (its pipelines fail, saying why: plans() lists them). With the
+# loss outside the compiled function only pipelines can split the step at its
+# backward, so there the ConfigError stands.
+STATIC_BATCH = 1
+
+
+def _batch_input(fw_module: torch.fx.GraphModule, static_ok: bool = False,
+                 hint: str = "") -> int:
+    """The index of the first forward input whose dim 0 is symbolic; -1
+    when none is and ``static_ok`` (Note [A static batch under
+    strategy="auto"]).
 
     Raises:
-        ConfigError: no input has a symbolic first dimension.
+        ConfigError: no input has a symbolic first dimension (and not
+            ``static_ok``).
     """
     placeholders = [n for n in fw_module.graph.nodes if n.op == "placeholder"]
     for i, node in enumerate(placeholders):
@@ -478,6 +504,8 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
         if (isinstance(val, torch.Tensor) and val.dim() > 0
                 and isinstance(val.shape[0], torch.SymInt)):
             return i
+    if static_ok:
+        return -1
     shapes = ", ".join(f"{n.name}: {tuple(n.meta['val'].shape)}" for n in placeholders
                        if isinstance(n.meta.get("val"), torch.Tensor))
     raise ConfigError(
@@ -486,7 +514,8 @@ def _batch_input(fw_module: torch.fx.GraphModule) -> int:
         f"inputs: {shapes or 'none'}): Dynamo specialised it, because the model uses the batch "
         "size as a number (e.g. reshapes to a fixed size, or compares it with one). Use the "
         "batch size from the tensor (x.shape[0], or -1 in a reshape), or call "
-        "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised")
+        "torch._dynamo.mark_dynamic(t, 0) on each batched input to see where it is specialised"
+        + hint)
 
 
 def _simulated_trace(trace: str | None) -> str | None:

@@ -10,7 +10,7 @@ What maps to what:
 | ``get_attr`` of a tensor (a constant AOT lifted) | an extra trailing input, role ``buffer``, bound by the caller on every run |
 | ``call_function`` of an ``OpOverload`` | a node calling ``schema.name`` + ``overload_name`` (``aten::add.Tensor``) |
 | ``operator.getitem`` of a multi-output op | one of that node's outputs (no node of its own) |
-| Python int arithmetic on sizes (``operator.mul``, ``torch.sym_max``, ...) | ``modelpar::sym_*`` nodes (runtime/sym_ops.h) |
+| Python int arithmetic on sizes (``operator.mul``, ``torch.sym_max``, ...) | ``modelpar::sym_*`` nodes (runtime/sym_ops.h); ``torch.sym_sum`` a chain of ``sym_add`` |
 | ``meta["val"]`` | the value's dtype and shape; a symbolic size ``s0`` is a named dim, a size expression ``4*s0`` the dim ``e_4xs0`` |
 | ``nn_module_stack`` (forward), ``fwd_nn_module_stack`` / ``seq_nr`` (backward) | ``layer="blocks.0.attn"`` |
 | output | the graph's returns; ``None`` outputs are recorded in ``output_map`` (-1) |
@@ -358,6 +358,8 @@ class _Importer:
             self.op_node(node, target)
         elif target in _SYM_OPS:
             self.sym_node(node, _SYM_OPS[target])
+        elif target is getattr(torch, "sym_sum", None):
+            self.sym_sum(node)
         elif isinstance(target, torch._ops.HigherOrderOperator):
             raise UnsupportedGraph(f"higher-order op {target.name()}",
                                    f"node {node.name} calls a subgraph; it has no ATen schema")
@@ -388,6 +390,22 @@ class _Importer:
         self.env[node] = node.name
         self.lines.append(f"%{node.name}: {_type(val, where, self.aliases)} = modelpar::{name}({args})"
                           f"{self.attrs(node)}")
+
+    def sym_sum(self, node: torch.fx.Node) -> None:
+        """``torch.sym_sum(terms)`` (a sum of sizes, e.g. a sliding-window
+        mask's bounds) as a chain of ``modelpar::sym_add``."""
+        where = f"node {node.name} (sym_sum)"
+        if node.kwargs or len(node.args) != 1 or not isinstance(node.args[0], (list, tuple)):
+            raise UnsupportedGraph("torch.sym_sum not of one list of terms", where)
+        terms = [self.arg(a, where) for a in node.args[0]]
+        terms = (terms + ["0", "0"])[:max(len(terms), 2)]  # sym_add takes two terms
+        typ = _type(node.meta.get("val"), where, self.aliases)
+        acc = terms[0]
+        for i, term in enumerate(terms[1:], start=2):
+            name = node.name if i == len(terms) else self.fresh(f"{node.name}_partial")
+            self.lines.append(f"%{name}: {typ} = modelpar::sym_add({acc}, {term}){self.attrs(node)}")
+            acc = f"%{name}"
+        self.env[node] = node.name
 
     def output(self, node: torch.fx.Node) -> None:
         index: dict[str, int] = {}

@@ -527,3 +527,20 @@ def test_sym_ops_follow_python_semantics() -> None:
                                                    math.ceil(a / b)]
     with pytest.raises(modelpar.ExecutionError, match="division by zero"):
         modelpar.run_graph(g, [1, 0])
+
+
+def test_sym_sum_of_sizes_runs_on_the_runtime() -> None:
+    # torch.sym_sum (Mistral's sliding-window mask sums sizes with it) becomes
+    # a chain of modelpar::sym_add; strict makes an eager fallback an error.
+    def f(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        n = torch.sym_sum([x.shape[0], y.shape[0], x.shape[1]])
+        return torch.arange(n, dtype=x.dtype) + x.sum()
+
+    torch._dynamo.reset()
+    fast = torch.compile(f, backend="modelpar", dynamic=True, options={"strict": True})
+    for a, b in [(3, 4), (5, 2)]:
+        x, y = torch.ones(a, 2), torch.ones(b, 3)
+        torch.testing.assert_close(fast(x, y), f(x, y))
+    record = modelpar.plans()[-1].graphs["inference"]
+    assert record.runs_on == "modelpar", record.reason
+    assert str(record.graph).count("modelpar::sym_add") == 2, str(record.graph)

@@ -261,3 +261,51 @@ def test_auto_never_changes_the_math_of_batch_norm(tmp_path, monkeypatch, loss_i
     chosen = next(c for c in plan.candidates if c["chosen"])
     if not loss_inside:
         assert (chosen["kind"], chosen["microbatches"]) == ("pipeline", 1), plan.search.table()
+
+
+class _FixedBatch(torch.nn.Module):
+    """Writes its batch size into its code: Dynamo keeps the batch static."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x)).reshape(8, 8))
+
+
+def test_auto_plans_a_static_batch_without_micro_batches():
+    # Note [A static batch under strategy="auto"]: the pipeline option refuses
+    # such a model (tests/python/test_compile_pipeline.py); auto runs it on a
+    # plan without micro-batches and lists why no pipeline was possible.
+    model = _FixedBatch()
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: torch.nn.functional.mse_loss(model(x), y),
+                         backend="modelpar", options={"devices": 2, "strategy": "auto",
+                                                      "strict": True})
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    loss = fast(x, y)
+    loss.backward()
+    want = torch.nn.functional.mse_loss(eager(x), y)
+    want.backward()
+    tol = Reordered(16, depth=4)  # 16-wide sums, moved between devices by a placement
+    tol.assert_close(loss, want)
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        tol.assert_close(p.grad, q.grad, msg=lambda m, n=n: f"grad of {n}: {m}")
+    cands = modelpar.plans()[-1].candidates
+    chosen = next(c for c in cands if c["chosen"])
+    assert chosen["kind"] in ("one-device", "placement") and any(
+        c["kind"] == "placement" for c in _ok(cands)), [(c["label"], c["status"]) for c in cands]
+    failed = [c for c in cands if c["kind"] == "pipeline"]
+    assert failed and all(c["status"] == "failed" and "batch dimension is static" in c["reason"]
+                          for c in failed), cands
+    # With the loss outside only pipelines split the step at its backward.
+    outside = torch.compile(_FixedBatch(), backend="modelpar",
+                            options={"devices": 2, "strategy": "auto"})
+    with pytest.raises(Exception) as err:
+        outside(x).sum().backward()
+    inner = getattr(err.value, "inner_exception", None) or err.value
+    assert isinstance(inner, modelpar.ConfigError), inner
+    assert "uses the batch size as a number" in str(inner), inner
+    assert "only when the compiled function returns the loss" in str(inner), inner
