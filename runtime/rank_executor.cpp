@@ -648,7 +648,7 @@ class RankExecutor::Impl {
     };
     if (root == rank_) {
       for (at::Tensor& t : frame(mine, v.type, options_.device)) one(t);
-      return mine;
+      return asFramed(mine);  // Note [Framed tensors keep their layout]
     }
     return receive(v.type, one);
   }

@@ -28,10 +28,18 @@ at::Tensor pack(const c10::IValue& v, const ir::Type& t, c10::Device device);
 /// The value a packed message holds; a tensor is a view into `message`.
 c10::IValue unpack(const at::Tensor& message, const ir::Type& t);
 
-/// The messages of `v` when its size is not fixed: an int64 header (sizes,
-/// then strides; none for a 0-d tensor) and the data, contiguous. Scalars: one
+/// The messages of `v` when its size is not fixed, or when it is broadcast:
+/// an int64 header (sizes, then strides: its own when its elements do not
+/// overlap, gaps included, else contiguous; Note [Framed tensors keep their
+/// layout]; none for a 0-d tensor) and the data, contiguous. Scalars: one
 /// 1-element int64 (int, bool) or float64 tensor.
 std::vector<at::Tensor> frame(const c10::IValue& v, const ir::Type& t, c10::Device device);
+
+/// `v` as the ranks that receive its frame() hold it: a tensor that is a
+/// view, starts inside its storage, or has other strides than its frame's
+/// is copied into one of its own with the frame's strides; anything else is
+/// `v` (Note [Framed tensors keep their layout]).
+c10::IValue asFramed(const c10::IValue& v);
 
 /// The strides of a contiguous tensor of these sizes.
 std::vector<int64_t> contiguousStrides(c10::IntArrayRef sizes);

@@ -594,7 +594,8 @@ class _Capture:
             replicated = list(range(len(program.graph.output_names)))
         ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
                           timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
-                          record_trace=self.opts.trace is not None)
+                          record_trace=self.opts.trace is not None,
+                          trains=kind is not GraphKind.INFERENCE)
         self.executors[kind.value] = ex
         return _RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
                         placeholders=kind is GraphKind.FORWARD)

@@ -341,7 +341,8 @@ class PipelineStep:
                         if g and g in index and x in device_of})
         return RankExecutor(program, self.opts.process_group, device=self.rank_device,
                             timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
-                            output_homes=homes, record_trace=self.opts.trace is not None)
+                            output_homes=homes, record_trace=self.opts.trace is not None,
+                            trains=self.graph_kind == "training")
 
     # -- running ---------------------------------------------------------
 

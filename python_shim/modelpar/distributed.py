@@ -274,9 +274,10 @@ class RankExecutor:
     def __init__(self, program: Any, group: Any, *, device: str = "cpu",
                  timeout_s: float = 30.0, replicated_outputs: Sequence[int] = (),
                  output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
-                 record_trace: bool = False) -> None:
+                 record_trace: bool = False, trains: bool = True) -> None:
         import torch.distributed as dist
         self.group = group
+        self.trains = trains  # a training graph's bindings are its parameters' homes
         self.backend = str(dist.get_backend(group))
         self.timeout_s = timeout_s
         self.rank_now = dist.get_rank(group)
@@ -312,7 +313,7 @@ class RankExecutor:
         if self._ex is None:
             raise ExecutionError("modelpar: this rank executor was closed (the process is exiting)")
         inputs = list(inputs)
-        _note_inputs(inputs, self.input_devices, self.rank_now)
+        _note_inputs(inputs, self.input_devices, self.rank_now, self.trains)
         if plan_only:  # Note [Planning without running] in materialize.py
             raise Planned()
         try:
@@ -393,12 +394,15 @@ def read_here(t: Any) -> bool:
     return seen_here or not seen_elsewhere
 
 
-def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int) -> None:
-    """Notes what this run reads (Note [Parameters other ranks own]).
+def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int,
+                 trains: bool = True) -> None:
+    """Notes what this run reads (Note [Parameters other ranks own]) and,
+    for a graph that ``trains``, where it binds each parameter (its home).
 
     Raises:
-        ExecutionError: a parameter bound on another rank than in an earlier
-            graph (Note [One home per parameter]); nothing has run yet.
+        ExecutionError: a parameter bound on another rank than an earlier
+            training graph bound it (Note [One home per parameter]); nothing
+            has run yet.
     """
     import weakref
     for t, d in zip(inputs, devices):
@@ -417,7 +421,8 @@ def _note_inputs(inputs: Sequence[Any], devices: Sequence[int], rank: int) -> No
                 "(an inference graph under torch.no_grad()), not for another "
                 "torch.compile of the model: evaluate through the compiled function you "
                 "train with")
-        _bound_on[id(t)] = (weakref.ref(t), d)
+        if trains:
+            _bound_on[id(t)] = (weakref.ref(t), d)
 
 
 def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
@@ -458,8 +463,13 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
 # plans() reports is simulated again with those transfers
 # (passes/plan_rehome.h). As a safety net the
 # rank executor's wrapper also remembers where each parameter tensor was
-# bound and refuses a run that binds it elsewhere (a graph of another
-# torch.compile of the model, whose training homes are not known).
+# bound by a training graph and refuses a run that binds it elsewhere (a
+# graph of another torch.compile of the model, whose training homes are not
+# known). Graphs that do not train (inference under no_grad) fix no home:
+# until a step trains, no rank's copy is stale, and a model that only
+# decodes (model.generate: a graph for the prompt, others for the decode
+# steps, each planned apart) may bind a parameter on a different rank in each
+# (measured: Mistral's 1F1B decode graphs over 2 ranks had been refused).
 
 # Note [Naming the failed rank]: a rank whose own step fails (an operator
 # raised, a bad input) writes `modelpar/fault/<rank>` = "failed: <message>"

@@ -23,6 +23,11 @@ Scenarios:
       its own are; 3 steps equal eager.
   fault raise|kill|hang RANK  rank RANK fails in step 1 (raises, is killed,
       or sleeps); the others must raise modelpar.ExecutionError naming it.
+  generate NAME PIPELINE [trained]  the transformers model NAME
+      (tests/python/zoo.py) decoding with a KV cache (model.generate) over the
+      ranks, placed ("none") or pipelined ("gpipe" / "1f1b"), after 2 SGD
+      steps through the same compiled forward with "trained": tokens and
+      logits equal eager.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
   evaluate-elsewhere  the MLP trained through one compiled function and run
       under no_grad through another whose plan binds a parameter on the other
@@ -391,6 +396,45 @@ def evaluate_elsewhere() -> None:
     raise AssertionError("another compile bound a parameter elsewhere but nothing was raised")
 
 
+def generate(name: str, pipeline: str, trained: bool = False) -> None:
+    """zoo NAME decoding greedily with a KV cache (model.generate) over the
+    ranks, placed (m-ETF, "none") or a pipeline over them: the tokens equal
+    eager's in this process, every step's logits within the model's
+    tolerance. ``trained``: first 2 momentum-SGD steps through the same
+    compiled forward (the loss outside it), as eager does, so the decode
+    graphs read the parameters each rank's optimizer updated."""
+    from zoo import ZOO
+    case = ZOO[name]
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
+    if pipeline != "none":
+        options["pipeline"] = {"schedule": pipeline, "microbatches": 2, "checkpoint": "never"}
+    model.forward = torch.compile(model.forward, backend="modelpar", options=options)
+    if trained:
+        opts = [torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9) for m in (model, eager)]
+        for step in range(2):
+            x, y = case.batch(step, case.batch_size)
+            for m, opt in zip((model, eager), opts):
+                case.step(m, x, y).backward()
+                opt.step()
+                opt.zero_grad()
+    model.eval(), eager.eval()
+    prompt = case.batch(0, 2)[0][:, :6]
+    kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
+                  output_logits=True, return_dict_in_generate=True)
+    eager = eager.generate(prompt, **kwargs)
+    for step, logits in enumerate(eager.logits):  # greedy tokens are exact unless near a tie
+        top2 = logits.topk(2).values
+        assert (top2[:, 0] - top2[:, 1]).min() > 1e-4, f"a near tie at step {step}: pick a seed"
+    out = model.generate(prompt, **kwargs)
+    assert torch.equal(out.sequences, eager.sequences), (out.sequences, eager.sequences)
+    for got, want in zip(out.logits, eager.logits):
+        case.tol.assert_close(got, want)
+    _result(rank=dist.get_rank(), tokens=out.sequences.tolist(), graphs=len(modelpar.plans()))
+
+
 def mismatch() -> None:
     torch.manual_seed(0)
     model = MLP(d_hidden=32 if dist.get_rank() == 0 else 48)
@@ -441,6 +485,8 @@ def main() -> None:
             fault(args[0], int(args[1]))
         elif scenario == "evaluate-elsewhere":
             evaluate_elsewhere()
+        elif scenario == "generate":
+            generate(args[0], args[1], len(args) > 2 and args[2] == "trained")
         elif scenario == "mismatch":
             mismatch()
         elif scenario == "first-rank":

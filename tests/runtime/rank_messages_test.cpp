@@ -61,5 +61,34 @@ TEST(RankMessages, FrameSendsSizesAndStridesThenContiguousData) {
   EXPECT_EQ(frame(at::randn({}), f32({}), c10::kCPU).size(), 1u);  // 0-d: no header
 }
 
+TEST(RankMessages, FrameKeepsTheStridesOfASliceWithGapsButNotOfAnExpandedTensor) {
+  // Note [Framed tensors keep their layout]: a KV cache's sliding window.
+  at::Tensor x = at::randn({2, 2, 8, 8}).narrow(2, 1, 7);  // [2, 2, 7, 8], strides (128, 64, 8, 1)
+  std::vector<at::Tensor> m = frame(x, f32({2, 2, 7, 8}), c10::kCPU);
+  ASSERT_EQ(m.size(), 2u);
+  const int64_t* h = m[0].data_ptr<int64_t>();
+  EXPECT_EQ(std::vector<int64_t>(h, h + 8), (std::vector<int64_t>{2, 2, 7, 8, 128, 64, 8, 1}));
+  EXPECT_TRUE(at::equal(m[1], x));
+  // The holder's own copy: the same layout, not a view (Dynamo traces a view's base).
+  at::Tensor mine = asFramed(x).toTensor();
+  EXPECT_TRUE(x.is_view());
+  EXPECT_FALSE(mine.is_view());
+  EXPECT_EQ(mine.strides(), x.strides());
+  EXPECT_EQ(mine.storage_offset(), 0);
+  EXPECT_TRUE(at::equal(mine, x));
+  at::Tensor fresh = at::randn({3, 4});
+  EXPECT_TRUE(asFramed(fresh).toTensor().is_same(fresh));  // nothing to copy
+  // Overlapping elements (stride 0) cannot be laid out again: contiguous.
+  at::Tensor e = at::arange(4, at::TensorOptions().dtype(c10::kFloat)).expand({3, 4});
+  at::Tensor he = frame(e, f32({3, 4}), c10::kCPU)[0];
+  EXPECT_EQ(std::vector<int64_t>(he.data_ptr<int64_t>(), he.data_ptr<int64_t>() + 4),
+            (std::vector<int64_t>{3, 4, 4, 1}));
+  // A dim of size 1 overlaps nothing whatever its stride.
+  at::Tensor one = at::randn({8}).as_strided({4, 1}, {2, 1});  // every other element
+  at::Tensor ho = frame(one, f32({4, 1}), c10::kCPU)[0];
+  EXPECT_EQ(std::vector<int64_t>(ho.data_ptr<int64_t>(), ho.data_ptr<int64_t>() + 4),
+            (std::vector<int64_t>{4, 1, 2, 1}));
+}
+
 }  // namespace
 }  // namespace modelpar::runtime
