@@ -50,7 +50,7 @@ from . import _C
 from .cpu_profile import machine_for_options
 from .errors import InvalidIrError, UnsupportedOpError
 from .fx_import import (GraphKind, InputRole, UnsupportedGraph, batch_symbol_aliases,
-                         import_graph, source_name, symbol_sizes)
+                         import_graph, saved_rng_states, source_name, symbol_sizes)
 from .ir import parse_graph
 from .options import CompileOptions, resolve_options
 from .plan import GraphRecord, Plan, new_plan
@@ -431,6 +431,7 @@ class _Capture:
                  for n in bw_module.graph.nodes
                  if n.op == "placeholder" and n.name in fw_nodes
                  and n.name in bw.value_names and n.name in fw.value_names]
+        saved += saved_rng_states(fw_module, bw_module, fw.value_names, bw.value_names)
         # Tangents are the gradients of the forward's user outputs (the first
         # num_fwd_outputs), in order, skipping outputs that need none: pair
         # each with the next user output of its type.

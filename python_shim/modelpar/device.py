@@ -261,6 +261,11 @@ def _torch_device_module() -> types.ModuleType:
     mod.manual_seed = lambda seed: None  # type: ignore[attr-defined]
     mod.manual_seed_all = lambda seed: None  # type: ignore[attr-defined]
     mod.sync = sync  # type: ignore[attr-defined]
+    # Named, the device is PyTorch's accelerator on a machine without a GPU:
+    # torch.utils.checkpoint's recompute then enters autocast for it, which
+    # asks its module for the dtypes autocast may use (the CPU ones: a step
+    # replays on CPU workers).
+    mod.get_amp_supported_dtype = lambda: [torch.bfloat16, torch.float16]  # type: ignore[attr-defined]
     return mod
 
 

@@ -36,7 +36,7 @@ import enum
 import math
 import operator
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,6 +179,75 @@ def _type(val: Any, where: str, aliases: Mapping[Any, Any] | None = None) -> str
     if isinstance(val, (float, torch.SymFloat)):
         return "float"
     raise UnsupportedGraph(f"value of type {type(val).__name__}", where)
+
+
+# Note [Checkpointed ops that draw nothing]: under activation checkpointing
+# (torch.utils.checkpoint, transformers' gradient_checkpointing_enable)
+# AOTAutograd wraps every op tagged nondeterministic_seeded in the forward as
+# run_and_save_rng_state(op, ...) and its recompute in the backward as
+# run_with_rng_state(state, op, ...), so that the recompute draws the same
+# random numbers. Scaled dot-product attention carries the tag for its
+# dropout, which is 0 in a model without attention dropout (every
+# transformers config here): such a call draws nothing, and the pair is the
+# op itself, with an empty u8[0] tensor for the state. An op that would draw
+# (dropout p > 0) is refused, naming it: its recompute would have to replay
+# the forward's numbers.
+def _rng_state_ops() -> tuple[Any, ...]:
+    hop = torch.ops.higher_order
+    return tuple(getattr(hop, n) for n in ("run_and_save_rng_state", "run_with_rng_state")
+                 if hasattr(hop, n))
+
+
+def _draws_nothing(schema: torch._C.FunctionSchema, args: Sequence[Any],
+                   kwargs: Mapping[str, Any]) -> bool:
+    """Whether a call of an op tagged nondeterministic_seeded draws no random
+    numbers: its dropout probability (``dropout_p`` / ``p``) is 0, or it does
+    not train (native_dropout's ``train``)."""
+    given = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
+             for i, a in enumerate(schema.arguments)}
+    if given.get("train") is False:
+        return True
+    for name in ("dropout_p", "p"):
+        if name in given:
+            return isinstance(given[name], (int, float)) and given[name] == 0
+    return False
+
+
+def saved_rng_states(fw_module: torch.fx.GraphModule, bw_module: torch.fx.GraphModule,
+                     fw_names: Mapping[str, str], bw_names: Mapping[str, str]
+                     ) -> list[tuple[str, str]]:
+    """(backward input, forward value) of each RNG state the forward saves
+    for its checkpointed recompute (Note [Checkpointed ops that draw
+    nothing]): AOTAutograd names them anew in the backward,
+    ``rng_state_output_<k>`` for the forward's k-th, so they pair by order."""
+    ops = _rng_state_ops()
+    if not ops:
+        return []
+    states = [n.name for n in fw_module.graph.nodes
+              if n.op == "call_function" and n.target is operator.getitem
+              and isinstance(n.args[0], torch.fx.Node) and n.args[0].target is ops[0]
+              and n.args[1] == 0]
+    inputs = {}
+    for n in bw_module.graph.nodes:
+        m = re.fullmatch(r"rng_state_output_(\d+)", n.name) if n.op == "placeholder" else None
+        if m is not None:
+            inputs[int(m.group(1))] = n.name
+    return [(bw_names[inputs[k]], fw_names[states[k]]) for k in sorted(inputs)
+            if k < len(states) and inputs[k] in bw_names and states[k] in fw_names]
+
+
+def _fake_call(op: torch._ops.OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any],
+               where: str) -> list[Any]:
+    """The outputs of ``op`` on the traced values of its FX arguments (a
+    higher-order op's node carries none of its own)."""
+    from torch._guards import detect_fake_mode
+    vals = torch.fx.node.map_arg((tuple(args), dict(kwargs)), lambda n: n.meta.get("val"))
+    mode = detect_fake_mode(list(vals[0]) + list(vals[1].values()))
+    if mode is None:
+        raise UnsupportedGraph(f"{op} without traced arguments", where)
+    with mode:
+        out = op(*vals[0], **vals[1])
+    return list(out) if isinstance(out, (tuple, list)) else [out]
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -324,6 +393,13 @@ class _Importer:
         if val is None:
             raise UnsupportedGraph("graph input without a value", f"placeholder {node.name}")
         role, preferred = self.describe(node)
+        if node.users and all(u.target is _rng_state_ops()[1] and u.args[0] is node
+                              for u in node.users):
+            # a saved RNG state the forward made empty (Note [Checkpointed ops
+            # that draw nothing])
+            self.inputs.append(f"%{node.name}: u8[0] {role.value}")
+            self.env[node] = node.name
+            return
         if not isinstance(val, torch.Tensor):  # a size is named after its symbol: %s0: int
             role = InputRole.INPUT
             expr = val.node.expr if isinstance(val, torch.SymInt) else None
@@ -360,6 +436,8 @@ class _Importer:
             self.sym_node(node, _SYM_OPS[target])
         elif target is getattr(torch, "sym_sum", None):
             self.sym_sum(node)
+        elif target in _rng_state_ops():
+            self.rng_state_op(node)
         elif isinstance(target, torch._ops.HigherOrderOperator):
             raise UnsupportedGraph(f"higher-order op {target.name()}",
                                    f"node {node.name} calls a subgraph; it has no ATen schema")
@@ -406,6 +484,38 @@ class _Importer:
             self.lines.append(f"%{name}: {typ} = modelpar::sym_add({acc}, {term}){self.attrs(node)}")
             acc = f"%{name}"
         self.env[node] = node.name
+
+    def rng_state_op(self, node: torch.fx.Node) -> None:
+        """``run_and_save_rng_state(op, ...)`` / ``run_with_rng_state(state,
+        op, ...)`` of an op that draws no random numbers with its arguments:
+        the op itself, and an empty state (Note [Checkpointed ops that draw
+        nothing])."""
+        saves = node.target is _rng_state_ops()[0]
+        op = node.args[0 if saves else 1]
+        args = node.args[1:] if saves else node.args[2:]
+        where = f"node {node.name} ({getattr(node.target, '__name__', node.target)})"
+        if not isinstance(op, torch._ops.OpOverload):
+            raise UnsupportedGraph(f"{node.target} of {op!r}", where)
+        schema = op._schema
+        qualified = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
+        if not _draws_nothing(schema, args, node.kwargs):
+            raise UnsupportedGraph(
+                f"activation checkpointing of {qualified}, which draws random numbers here "
+                "(its recompute must replay them)", where)
+        outs = _fake_call(op, args, node.kwargs, where)
+        names = [self.fresh(f"{node.name}_{i}") for i in range(len(outs))]
+        results = ", ".join(f"%{n}: {_type(v, where, self.aliases)}" for n, v in zip(names, outs))
+        call = [self.arg(a, where) for a in args]
+        call += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
+        self.lines.append(f"{results} = {qualified}({', '.join(call)}){self.attrs(node)}")
+        produced: Any = names if len(schema.returns) != 1 else names[0]
+        if saves:
+            state = self.fresh(f"{node.name}_state")
+            self.lines.append(f"%{state}: u8[0] = aten::zeros([0], dtype=dtype.u8, "
+                              f"device=device(\"cpu\")){self.attrs(node)}")
+            self.env[node] = [state, produced]
+        else:
+            self.env[node] = produced
 
     def output(self, node: torch.fx.Node) -> None:
         index: dict[str, int] = {}

@@ -181,3 +181,19 @@ print("ok")
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_eager_activation_checkpointing_still_works_with_the_device_named() -> None:
+    # Named, the modelpar device is PyTorch's accelerator on a machine without
+    # a GPU; torch.utils.checkpoint's recompute then enters autocast for it,
+    # which asks torch.modelpar for get_amp_supported_dtype.
+    if not modelpar.device.enabled():
+        pytest.skip("the device is not named in this process (a GPU is visible)")
+    torch.manual_seed(0)
+    block = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 8))
+    x = torch.randn(4, 8)
+    want = torch.autograd.grad(block(x).square().sum(), list(block.parameters()))
+    out = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
+    got = torch.autograd.grad(out.square().sum(), list(block.parameters()))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=0)  # the same ops, recomputed

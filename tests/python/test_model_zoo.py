@@ -77,10 +77,13 @@ def _reference_loss(case: ZooCase, model: torch.nn.Module, x: torch.Tensor, y: t
                for a, b in zip(x.chunk(MICROBATCHES), y.chunk(MICROBATCHES)))
 
 
-def _run(name: str, mode: str) -> None:
+def _run(name: str, mode: str, prepare=None) -> None:
+    """``prepare``: applied to the model before it is copied for eager."""
     case = ZOO[name]
     tol = case.tol.after(steps=STEPS)
     model = case.make_model()
+    if prepare is not None:
+        prepare(model)
     eager = copy.deepcopy(model)
     pipelined = "pipeline" in MODES[mode]
     loss_inside = pipelined and MODES[mode]["pipeline"]["schedule"] != "gpipe"
@@ -331,6 +334,39 @@ def test_bf16_autocast_trains_like_eager_autocast(mode: str) -> None:
         texts = [str(plan.pipeline.program)]
     # The bfloat16 matmuls are in the plan, not lost in capture.
     assert any("bf16[" in t for t in texts)
+
+
+def _checkpointed(model: torch.nn.Module) -> None:
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers logs (a graph break) that the cache is off under
+    # checkpointing unless it is off already
+    model.config.use_cache = False
+
+
+@pytest.mark.parametrize("mode", ["one-device", "m-etf", "gpipe-never", "1f1b-never", "auto"])
+def test_the_models_own_activation_checkpointing_trains_like_eager(mode: str) -> None:
+    # transformers' gradient_checkpointing_enable: AOTAutograd recomputes the
+    # checkpointed layers in the backward and wraps their attention (tagged
+    # random for its dropout, 0 here) in RNG-state ops, imported as the op
+    # itself (Note [Checkpointed ops that draw nothing] in fx_import.py).
+    # Pipelines checkpoint nothing more (checkpoint="never"; the others say so).
+    _run("llama", mode, prepare=_checkpointed)
+    plan = modelpar.plans()[-1]
+    graph = plan.step_graph if plan.step_graph is not None else plan.graphs["backward"].graph
+    assert "phase=recompute" in str(graph), "no recomputation: checkpointing did not apply"
+
+
+def test_checkpointing_a_checkpointed_model_again_says_what_to_do() -> None:
+    case = ZOO["llama"]
+    model = case.make_model()
+    _checkpointed(model)
+    fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
+                         options=_options("1f1b-except_last"))
+    with pytest.raises(modelpar.ConfigError, match="checkpoints its own activations.*never"):
+        fast(*case.batch(0, case.batch_size))
 
 
 # Decoding with a KV cache: the prompt's graph, then the decode steps' graphs,

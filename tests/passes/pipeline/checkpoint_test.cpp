@@ -172,6 +172,12 @@ TEST(Checkpoint, RejectsBadStagesAndModes) {
   CheckpointResult once = checkpoint(g, stagesByLayer(g, "fc1"), always);
   EXPECT_HAS(messageOf<ConfigError>([&] { checkpoint(once.graph, once.stage_of_node); }),
              "is already a recompute node");
+  // A model that recomputes on its own (torch.utils.checkpoint) goes through
+  // `never` unchanged.
+  CheckpointOptions never;
+  never.mode = CheckpointMode::Never;
+  CheckpointResult kept = checkpoint(once.graph, once.stage_of_node, never);
+  EXPECT_EQ(kept.graph.numNodes(), once.graph.numNodes());
   EXPECT_HAS(messageOf<ConfigError>([] { parseCheckpointMode("sometimes"); }),
              "checkpoint='sometimes' is not valid; checkpoint takes one of 'always', 'except_last', "
              "'never'");
