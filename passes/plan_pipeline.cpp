@@ -11,6 +11,7 @@
 
 #include "ir/check.h"
 #include "ir/verifier.h"
+#include "passes/cost/op_family.h"
 #include "passes/pipeline/layer_order.h"
 #include "passes/pipeline/schedule.h"
 
@@ -58,6 +59,28 @@ std::vector<int32_t> stagesOfNodes(const ir::Graph& g,
       if (p != ir::kNoId) s = std::max(s, stage[static_cast<size_t>(p)]);
     }
     stage[n] = s;
+  }
+  // Note [In-place writes to graph inputs] (plan_placement.cpp), in a
+  // pipeline: a write to a graph input, or to a micro-batch's slice of one,
+  // runs on the stage of the input's first reader in graph order, whose
+  // device holds the input (lowering's rule); on another it would write a
+  // received copy (measured: a static KV cache's new entries, written back
+  // per micro-batch by nodes of the last layer, were lost, and the next decode
+  // step read stale keys).
+  const std::vector<ir::ValueId> root = storageRoots(g);
+  const std::vector<std::vector<ir::NodeId>> users = g.users();
+  for (size_t n = 0; n < g.nodes().size(); ++n) {
+    const ir::Node& node = g.nodes()[n];
+    if (node.op.empty() || node.op.back() != '_' || node.args.empty() || !node.args[0].isValue()) {
+      continue;
+    }
+    const ir::ValueId input = root[static_cast<size_t>(node.args[0].toValue())];
+    if (input == ir::kNoId || !g.inputIndex(input)) continue;
+    for (ir::NodeId r : users[static_cast<size_t>(input)]) {
+      if (static_cast<size_t>(r) == n) continue;
+      stage[n] = stage[static_cast<size_t>(r)];
+      break;
+    }
   }
   return stage;
 }

@@ -742,8 +742,15 @@ ir::Graph Microbatcher::build() {
   }
   std::vector<ValueId> outputs;
   for (ValueId v : g_.outputs()) {
+    // The batch size returned as it is (a decode step with a static KV cache
+    // returns it): the input that carries it, which the nodes read as a
+    // number.
+    if (d_.batch.isSizeInput(v)) {
+      outputs.push_back(shared[static_cast<size_t>(v)]);
+      continue;
+    }
     Arg a = sharedLookup(v);
-    MP_INTERNAL_ASSERT(a.isValue(), "microbatch: output %{} is the batch size", g_.value(v).name);
+    MP_INTERNAL_ASSERT(a.isValue(), "microbatch: output %{} is not a value", g_.value(v).name);
     outputs.push_back(a.toValue());
   }
   out.setOutputs(std::move(outputs));

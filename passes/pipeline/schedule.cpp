@@ -371,6 +371,34 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
     anchor[i] = best;
     P.stage[i] = best_stage;
   }
+  // Note [In-place writes to graph inputs] (plan_placement.cpp), in a
+  // pipeline: a functionalized graph's `copy_(%input, %new)` (a decode
+  // step's cache position, batch norm's running statistics outside the
+  // micro-batches) is read by nobody, and ran first on its stage, before the
+  // nodes that read the input's old value (measured: a static KV cache wrote
+  // its position before the step's index_copy read it, out of bounds). It
+  // runs last, on the stage of the input's first reader, whose device holds
+  // the input (lowering's rule), so the caller's tensor is the one written.
+  // A write after the micro-batches (a static KV cache's new entries, written
+  // back whole) is a final node, last already: it too moves to the input's
+  // stage.
+  for (size_t i = 0; i < nn; ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if ((P.role[i] != Role::Shared && P.role[i] != Role::Final) || n.op.empty() ||
+        n.op.back() != '_' || n.args.empty() || !n.args[0].isValue() ||
+        !g.inputIndex(n.args[0].toValue())) {
+      continue;
+    }
+    bool read = false;
+    for (ir::ValueId o : n.outputs) read = read || !users[static_cast<size_t>(o)].empty();
+    if (read) continue;
+    if (P.role[i] == Role::Shared) anchor[i] = static_cast<int32_t>(anchored.size());
+    for (ir::NodeId r : users[static_cast<size_t>(n.args[0].toValue())]) {
+      if (static_cast<size_t>(r) == i) continue;
+      P.stage[i] = P.stage[static_cast<size_t>(r)];  // users are in graph order
+      break;
+    }
+  }
   std::vector<std::vector<ir::NodeId>> before(anchored.size() + 1);  // before[k]: before anchored[k]
   for (size_t i = 0; i < nn; ++i) {
     if (P.role[i] == Role::Shared) before[static_cast<size_t>(std::max(anchor[i], 0))].push_back(static_cast<ir::NodeId>(i));

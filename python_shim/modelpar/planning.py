@@ -264,6 +264,33 @@ def profile_graph_gaps(graph: Graph, inputs: Sequence[Any] | None = None, *, run
     return _C.apply_profile(graph, times), gap
 
 
+class InputRewind:
+    """The inputs of ``graph`` that its in-place nodes write (``copy_`` of a
+    functionalized mutation, an op ending in ``_`` whose first argument is a
+    graph input), saved from ``args``; ``restore()`` writes the saved values
+    back.
+
+    Note [Timing a step that writes its inputs]: the timers run one step
+    many times on one set of inputs. A step that advances state held in an
+    input (a static KV cache's position, batch norm's running statistics)
+    would run its later repetitions on state the earlier ones advanced: a
+    cache position past its end made the step fail (index_copy out of
+    bounds) and a search of such a model stop. Each repetition starts from
+    the saved values."""
+
+    def __init__(self, graph: Graph, args: Sequence[Any]) -> None:
+        import re
+        names = list(graph.input_names)
+        written = set(re.findall(r"= [\w:]+_(?:\.\w+)?\(%([^,)\s]+)", str(graph)))
+        self.saved = [(args[i], args[i].detach().clone()) for i, n in enumerate(names)
+                      if n in written and i < len(args) and isinstance(args[i], torch.Tensor)]
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for t, v in self.saved:
+                t.copy_(v)
+
+
 def profile_graph_times(graph: Graph, inputs: Sequence[Any] | None = None, *, runs: int = 5,
                         threads_per_device: int = 1) -> tuple[list[float], float]:
     """Each node's median time in microseconds on a CPU worker (-1: not
@@ -283,7 +310,9 @@ def profile_graph_times(graph: Graph, inputs: Sequence[Any] | None = None, *, ru
     ex = Executor(program, device_map="cpu-workers", threads_per_device=threads_per_device,
                   record_trace=True)
     args = list(inputs) if inputs is not None else example_inputs(graph)
+    rewind = InputRewind(graph, args)  # Note [Timing a step that writes its inputs]
     ex.run(list(args))
+    rewind.restore()
     node_of = _C.program_run_nodes(program)[0]
     samples: list[list[float]] = [[] for _ in range(graph.num_nodes)]
     walls: list[float] = []
@@ -291,6 +320,7 @@ def profile_graph_times(graph: Graph, inputs: Sequence[Any] | None = None, *, ru
         t0 = time.perf_counter_ns()
         ex.run(list(args))
         walls.append((time.perf_counter_ns() - t0) / 1e3)
+        rewind.restore()
         for node, span in zip(node_of, ex.last_trace()["host"][0]):
             if node >= 0 and span is not None:
                 samples[node].append((span[1] - span[0]) / 1e3)

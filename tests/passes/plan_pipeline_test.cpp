@@ -148,6 +148,40 @@ TEST(PlanPipeline, OneDeviceIsOneStageAndPipelinesGainOnMore) {
   EXPECT_LT(four.bubbleFraction(), 1.0);
 }
 
+// Note [In-place writes to graph inputs] in a pipeline: a decode step writes
+// its cache input back per micro-batch with nodes of the last layer; the
+// writes run where the cache is bound (its first reader's stage), not on a
+// stage that holds a received copy.
+TEST(PlanPipeline, WritesToAnInputRunWhereTheInputIsBound) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @decode(%x: f32[B, 4] input, %cache: f32[B, 4] input) {
+  %h: f32[B, 4] = aten::add.Tensor(%x, %cache) {layer="l0", phase=fwd}
+  %n: f32[B, 4] = aten::mul.Tensor(%h, 2) {layer="l0", phase=fwd}
+  %y: f32[B, 4] = aten::relu(%n) {layer="l1", phase=fwd}
+  %w: f32[B, 4] = aten::copy_(%cache, %n) {layer="l1", phase=fwd}
+  return %y, %w
+}
+)");
+  PipelinePlan p = planPipeline(g, options("gpipe", "never", true, 2, 2));
+  ir::verify(p.program);
+  const ir::Graph& pg = p.program.graph();
+  int home = -1;
+  for (const ir::Input& in : pg.inputs()) {
+    if (pg.value(in.value).name == "cache") home = in.device.value_or(-1);
+  }
+  ASSERT_EQ(home, stageOfLayer(p, "l0"));
+  ASSERT_NE(stageOfLayer(p, "l1"), home);
+  int writes = 0;
+  for (int d = 0; d < p.program.numDevices(); ++d) {
+    for (const ir::Instruction& i : p.program.schedule(d)) {
+      if (i.kind != ir::Instruction::Kind::Run || pg.node(i.node).op != "aten::copy_") continue;
+      EXPECT_EQ(d, home) << pg.nodeRef(i.node);
+      ++writes;
+    }
+  }
+  EXPECT_EQ(writes, 2);  // one per micro-batch
+}
+
 TEST(PlanPipeline, BadOptionsAreNamedBeforeAnyPassRuns) {
   ir::Graph step = readExample("skip_step_symbolic.txt");
   auto o = options("gpipe", "never");

@@ -376,20 +376,29 @@ def test_checkpointing_a_checkpointed_model_again_says_what_to_do() -> None:
 # static batch under the pipeline option]). Mistral's sliding-window mask
 # sums sizes with torch.sym_sum. Encoder-decoders decode through their own
 # cache classes.
-GENERATE = [("llama", "gpipe-never"), ("mistral", "m-etf"), ("t5", "1f1b-never"),
-            ("mixtral", "auto")]
-GENERATE_FULL = [(n, m) for n in ("llama", "qwen2", "mistral", "gpt2", "t5", "bart", "mixtral")
-                 for m in ("m-etf", "gpipe-never", "1f1b-never", "auto")]
+# A static cache (cache_implementation="static") is made inside the prompt's
+# graph and advanced in place (its position: an input written by copy_), which
+# a pipeline runs after every reader (Note [In-place writes to graph inputs])
+# and strategy="auto" times from the same state each run (Note [Timing a step
+# that writes its inputs]).
+GENERATE = [("llama", "gpipe-never", "dynamic"), ("mistral", "m-etf", "dynamic"),
+            ("t5", "1f1b-never", "dynamic"), ("mixtral", "auto", "dynamic"),
+            ("llama", "1f1b-never", "static"), ("llama", "auto", "static")]
+GENERATE_FULL = [(n, m, "dynamic")
+                 for n in ("llama", "qwen2", "mistral", "gpt2", "t5", "bart", "mixtral")
+                 for m in ("m-etf", "gpipe-never", "1f1b-never", "auto")] + [
+    ("llama", m, "static") for m in ("m-etf", "gpipe-never", "1f1b-never", "auto")]
 
 
-@pytest.mark.parametrize("name,mode", GENERATE_FULL if FULL else GENERATE,
+@pytest.mark.parametrize("name,mode,cache", GENERATE_FULL if FULL else GENERATE,
                          ids=lambda v: str(v))
-def test_generate_decodes_like_eager(name: str, mode: str) -> None:
+def test_generate_decodes_like_eager(name: str, mode: str, cache: str) -> None:
     case = ZOO[name]
     model = case.make_model().eval()
     prompt = case.batch(0, 2)[0][:, :6]
     kwargs = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
-                  output_logits=True, return_dict_in_generate=True)
+                  output_logits=True, return_dict_in_generate=True,
+                  cache_implementation=None if cache == "dynamic" else cache)
     eager = model.generate(prompt, **kwargs)
     # Greedy decoding compares tokens: a step whose two best logits were
     # within reordering error of each other could pick either.

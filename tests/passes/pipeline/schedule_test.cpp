@@ -211,6 +211,49 @@ TEST(PipelineSchedule, PlacesSharedRecomputeAndFinalNodes) {
   EXPECT_NO_THROW(simulate(prog, machine(2)));
 }
 
+// Note [In-place writes to graph inputs] in a pipeline: %pos, read on both
+// stages, is advanced by a shared copy_ that nobody reads. It runs last on
+// the stage of the input's first reader in graph order (%next's, which
+// lowering makes the input's home), after the send of %pos to the other stage
+// and after every reader of the old value (%h0 and %h1 had read the new
+// one: it ran right after %next).
+TEST(PipelineSchedule, AnInPlaceWriteToAnInputRunsLastOnTheInputsStage) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @decode(%x: f32[4] input, %pos: i64[] input) {
+  %next: i64[] = aten::add.Tensor(%pos, 1) {phase=fwd, cost={time_us=1.0, out=8, temp=0, persist=0}}
+  %at: f32[4] = aten::add.Tensor(%x, %pos) {layer="s0", phase=fwd, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %a0: f32[4] = aten::relu(%at) {layer="s0", phase=fwd, mb=0, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %h0: f32[4] = aten::add.Tensor(%a0, %pos) {layer="s1", phase=fwd, mb=0, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %a1: f32[4] = aten::relu(%at) {layer="s0", phase=fwd, mb=1, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %h1: f32[4] = aten::add.Tensor(%a1, %pos) {layer="s1", phase=fwd, mb=1, cost={time_us=1.0, out=16, temp=0, persist=0}}
+  %w: i64[] = aten::copy_(%pos, %next) {layer="s1", phase=fwd, cost={time_us=1.0, out=0, temp=0, persist=0}}
+  return %h0, %h1, %w
+}
+)");
+  PipelineScheduleOptions o;
+  o.kind = "gpipe";
+  o.stage_of_node = stagesFromLayers(g);
+  o.device_of_stage = {0, 1};
+  Placement p = schedulePipeline(g, o);
+  EXPECT_EQ(orderText(g, p, 0), "at a0 a1");
+  EXPECT_EQ(orderText(g, p, 1), "next h0 h1 w");
+  ir::Program prog = lower(g, p);
+  ir::verify(prog);
+  const auto& s1 = prog.schedule(1);
+  auto index = [&](ir::Instruction::Kind k, const std::string& value) {
+    for (size_t i = 0; i < s1.size(); ++i) {
+      const ir::Instruction& in = s1[i];
+      if (in.kind != k) continue;
+      ir::ValueId v = k == ir::Instruction::Kind::Run ? g.node(in.node).outputs[0] : in.value;
+      if (g.value(v).name == value) return static_cast<int>(i);
+    }
+    return -1;
+  };
+  ASSERT_GE(index(ir::Instruction::Kind::Send, "pos"), 0);
+  EXPECT_LT(index(ir::Instruction::Kind::Send, "pos"), index(ir::Instruction::Kind::Run, "w"));
+  EXPECT_NO_THROW(simulate(prog, machine(2)));
+}
+
 // Stages 0 and 2 share device 0 (MadPipe's special processor). Ticks
 // (Note [Global clock]): F(0,k) at k, F(1,k) at k+1, F(2,k) at k+2; B(2,1)
 // at 4, B(2,0) at 5, B(1,1) 5, B(1,0) 6, B(0,1) 6, B(0,0) 7. Device 0 sorts
