@@ -44,6 +44,20 @@ std::string orderText(const ir::Graph& g, const Placement& p, int d) {
   return s;
 }
 
+// Index of the instruction of kind `k` on device `d` that runs node `ref`
+// ("%name" or "^label") or moves value "%name"; -1 when there is none.
+int instructionAt(const ir::Program& prog, int d, ir::Instruction::Kind k, const std::string& ref) {
+  const ir::Graph& g = prog.graph();
+  const auto& s = prog.schedule(d);
+  for (size_t i = 0; i < s.size(); ++i) {
+    const ir::Instruction& in = s[i];
+    if (in.kind != k) continue;
+    std::string r = k == ir::Instruction::Kind::Run ? g.nodeRef(in.node) : "%" + g.value(in.value).name;
+    if (r == ref) return static_cast<int>(i);
+  }
+  return -1;
+}
+
 // A uniform chain: x -> f0 -> f1 -> ... -> f(n-1) per micro-batch, then
 // b(n-1) (reads f(n-1)) -> ... -> b0, each b_s also reading f_s (its stashed
 // activation). Forward F us and A bytes, backward B us and G bytes; %x is
@@ -196,15 +210,8 @@ TEST(PipelineSchedule, PlacesSharedRecomputeAndFinalNodes) {
   ir::Program prog = lower(g, p);
   ir::verify(prog);
   // The gradient's receive comes after the recomputation, which overlaps it.
-  const auto& s0 = prog.schedule(0);
   auto at = [&](ir::Instruction::Kind k, const std::string& name) {
-    for (size_t i = 0; i < s0.size(); ++i) {
-      const ir::Instruction& in = s0[i];
-      if (in.kind != k) continue;
-      std::string ref = k == ir::Instruction::Kind::Run ? g.nodeRef(in.node) : "%" + g.value(in.value).name;
-      if (ref == name) return static_cast<int>(i);
-    }
-    return -1;
+    return instructionAt(prog, 0, k, name);
   };
   ASSERT_GE(at(ir::Instruction::Kind::Recv, "%gh1"), 0);
   EXPECT_LT(at(ir::Instruction::Kind::Run, "%r1"), at(ir::Instruction::Kind::Recv, "%gh1"));
@@ -239,18 +246,9 @@ graph @decode(%x: f32[4] input, %pos: i64[] input) {
   EXPECT_EQ(orderText(g, p, 1), "next h0 h1 w");
   ir::Program prog = lower(g, p);
   ir::verify(prog);
-  const auto& s1 = prog.schedule(1);
-  auto index = [&](ir::Instruction::Kind k, const std::string& value) {
-    for (size_t i = 0; i < s1.size(); ++i) {
-      const ir::Instruction& in = s1[i];
-      if (in.kind != k) continue;
-      ir::ValueId v = k == ir::Instruction::Kind::Run ? g.node(in.node).outputs[0] : in.value;
-      if (g.value(v).name == value) return static_cast<int>(i);
-    }
-    return -1;
-  };
-  ASSERT_GE(index(ir::Instruction::Kind::Send, "pos"), 0);
-  EXPECT_LT(index(ir::Instruction::Kind::Send, "pos"), index(ir::Instruction::Kind::Run, "w"));
+  const int send = instructionAt(prog, 1, ir::Instruction::Kind::Send, "%pos");
+  ASSERT_GE(send, 0);
+  EXPECT_LT(send, instructionAt(prog, 1, ir::Instruction::Kind::Run, "%w"));
   EXPECT_NO_THROW(simulate(prog, machine(2)));
 }
 
