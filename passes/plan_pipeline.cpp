@@ -70,12 +70,8 @@ std::vector<int32_t> stagesOfNodes(const ir::Graph& g,
   const std::vector<ir::ValueId> root = storageRoots(g);
   const std::vector<std::vector<ir::NodeId>> users = g.users();
   for (size_t n = 0; n < g.nodes().size(); ++n) {
-    const ir::Node& node = g.nodes()[n];
-    if (node.op.empty() || node.op.back() != '_' || node.args.empty() || !node.args[0].isValue()) {
-      continue;
-    }
-    const ir::ValueId input = root[static_cast<size_t>(node.args[0].toValue())];
-    if (input == ir::kNoId || !g.inputIndex(input)) continue;
+    const ir::ValueId input = writtenInput(g, g.nodes()[n], root);
+    if (input == ir::kNoId) continue;
     for (ir::NodeId r : users[static_cast<size_t>(input)]) {
       if (static_cast<size_t>(r) == n) continue;
       stage[n] = stage[static_cast<size_t>(r)];

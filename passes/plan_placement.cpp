@@ -14,6 +14,7 @@
 #include "ir/check.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
+#include "passes/cost/op_family.h"
 #include "passes/place/place_metf.h"
 #include "passes/place/place_mtopo.h"
 #include "passes/place/task_graph.h"
@@ -123,8 +124,8 @@ std::string simulationText(const ir::Program& p, const SimulationReport& r) {
 // Note [In-place writes to graph inputs]: a functionalized graph updates a
 // mutated input (BatchNorm's running statistics) with `aten::copy_(%input,
 // %new)`. A device other than the input's home works on a received copy, so
-// the write would be lost: every in-place node (op name ending in '_') whose
-// first argument is a graph input runs on that input's device (its
+// the write would be lost: every in-place node whose first argument is a
+// graph input, or a view of one (writtenInput), runs on that input's device (its
 // input_device, else its first reader's, lowering's rule), which is then
 // fixed in the placement. Returns the number of nodes moved; orders are
 // rebuilt in graph order when any moved.
@@ -138,12 +139,10 @@ int64_t pinInputWrites(const ir::Graph& g, Placement& p) {
     }
   }
   int64_t moved = 0;
+  const std::vector<ir::ValueId> roots = storageRoots(g);
   for (size_t n = 0; n < g.numNodes(); ++n) {
-    const ir::Node& node = g.node(static_cast<ir::NodeId>(n));
-    if (node.op.empty() || node.op.back() != '_' || node.args.empty() || !node.args[0].isValue()) {
-      continue;
-    }
-    std::optional<size_t> i = g.inputIndex(node.args[0].toValue());
+    const ir::ValueId input = writtenInput(g, g.node(static_cast<ir::NodeId>(n)), roots);
+    std::optional<size_t> i = input == ir::kNoId ? std::nullopt : g.inputIndex(input);
     if (!i || home[*i] < 0 || p.node_device[n] == home[*i]) continue;
     p.node_device[n] = home[*i];
     ++moved;

@@ -119,6 +119,13 @@ bool isInPlaceOp(std::string_view op) {
   return true;
 }
 
+ir::ValueId writtenInput(const ir::Graph& g, const ir::Node& n,
+                         const std::vector<ir::ValueId>& roots) {
+  if (!isInPlaceOp(n.op) || n.args.empty() || !n.args[0].isValue()) return ir::kNoId;
+  const ir::ValueId root = roots[static_cast<size_t>(n.args[0].toValue())];
+  return root != ir::kNoId && g.inputIndex(root) ? root : ir::kNoId;
+}
+
 OpFamily classifyOp(std::string_view op) {
   std::string_view b = baseName(op);
   if (b.substr(0, 9) == "_foreach_") return OpFamily::Elementwise;

@@ -31,6 +31,13 @@ OpFamily classifyOp(std::string_view op);
 /// aten::_foreach_mul_). Their outputs are their first input.
 bool isInPlaceOp(std::string_view op);
 
+/// The graph input node `n` writes in place: the storage root (`roots`, from
+/// storageRoots) of its first argument when `n` is an in-place op and that
+/// root is a graph input; else kNoId (Note [In-place writes to graph inputs]
+/// in plan_placement.cpp).
+ir::ValueId writtenInput(const ir::Graph& g, const ir::Node& n,
+                         const std::vector<ir::ValueId>& roots);
+
 /// True for ops that draw from a random generator (dropout, bernoulli,
 /// rand*, normal_, ...): running them twice gives different values.
 bool isRandomOp(std::string_view op);

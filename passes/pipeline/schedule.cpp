@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "ir/check.h"
+#include "passes/cost/op_family.h"
 #include "passes/pipeline/relay_skips.h"
 
 namespace modelpar::passes {
@@ -379,21 +380,18 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
   // its position before the step's index_copy read it, out of bounds). It
   // runs last, on the stage of the input's first reader, whose device holds
   // the input (lowering's rule), so the caller's tensor is the one written.
-  // A write after the micro-batches (a static KV cache's new entries, written
-  // back whole) is a final node, last already: it too moves to the input's
-  // stage.
+  // (Writes in micro-batches and after them keep the stage they were given:
+  // planPipeline gives them the input's, stagesOfNodes.)
+  const std::vector<ir::ValueId> roots = storageRoots(g);
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
-    if ((P.role[i] != Role::Shared && P.role[i] != Role::Final) || n.op.empty() ||
-        n.op.back() != '_' || n.args.empty() || !n.args[0].isValue() ||
-        !g.inputIndex(n.args[0].toValue())) {
-      continue;
-    }
+    const ir::ValueId input = P.role[i] == Role::Shared ? writtenInput(g, n, roots) : ir::kNoId;
+    if (input == ir::kNoId) continue;
     bool read = false;
     for (ir::ValueId o : n.outputs) read = read || !users[static_cast<size_t>(o)].empty();
     if (read) continue;
-    if (P.role[i] == Role::Shared) anchor[i] = static_cast<int32_t>(anchored.size());
-    for (ir::NodeId r : users[static_cast<size_t>(n.args[0].toValue())]) {
+    anchor[i] = static_cast<int32_t>(anchored.size());
+    for (ir::NodeId r : users[static_cast<size_t>(input)]) {
       if (static_cast<size_t>(r) == i) continue;
       P.stage[i] = P.stage[static_cast<size_t>(r)];  // users are in graph order
       break;

@@ -33,6 +33,7 @@ min-cut partitioner recomputes in the backward keep ``partitioner_tag ==
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import operator
 import re
@@ -192,10 +193,13 @@ def _type(val: Any, where: str, aliases: Mapping[Any, Any] | None = None) -> str
 # op itself, with an empty u8[0] tensor for the state. An op that would draw
 # (dropout p > 0) is refused, naming it: its recompute would have to replay
 # the forward's numbers.
-def _rng_state_ops() -> tuple[Any, ...]:
+@functools.cache
+def _rng_state_ops() -> tuple[Any, Any]:
+    """(run_and_save_rng_state, run_with_rng_state); None where this torch
+    has no such op."""
     hop = torch.ops.higher_order
-    return tuple(getattr(hop, n) for n in ("run_and_save_rng_state", "run_with_rng_state")
-                 if hasattr(hop, n))
+    return (getattr(hop, "run_and_save_rng_state", None),
+            getattr(hop, "run_with_rng_state", None))
 
 
 def _draws_nothing(schema: torch._C.FunctionSchema, args: Sequence[Any],
@@ -221,7 +225,7 @@ def saved_rng_states(fw_module: torch.fx.GraphModule, bw_module: torch.fx.GraphM
     nothing]): AOTAutograd names them anew in the backward,
     ``rng_state_output_<k>`` for the forward's k-th, so they pair by order."""
     ops = _rng_state_ops()
-    if not ops:
+    if ops[0] is None:
         return []
     states = [n.name for n in fw_module.graph.nodes
               if n.op == "call_function" and n.target is operator.getitem
@@ -436,7 +440,7 @@ class _Importer:
             self.sym_node(node, _SYM_OPS[target])
         elif target is getattr(torch, "sym_sum", None):
             self.sym_sum(node)
-        elif target in _rng_state_ops():
+        elif target is not None and target in _rng_state_ops():
             self.rng_state_op(node)
         elif isinstance(target, torch._ops.HigherOrderOperator):
             raise UnsupportedGraph(f"higher-order op {target.name()}",
