@@ -14,6 +14,7 @@
 #include "passes/lower/rehome_inputs.h"
 #include "passes/lower/simulate.h"
 #include "passes/pipeline/layer_order.h"
+#include "passes/pipeline/fuse_accumulation.h"
 #include "passes/pipeline/microbatch.h"
 #include "passes/place/coarsen.h"
 #include "passes/place/place_metf.h"
@@ -140,6 +141,10 @@ std::vector<RegisteredPass> makeRegistry() {
                  o.loss_reduction = parseLossReduction(stringOption(s, "loss_reduction", "auto"));
                  ir.graph = microbatch(graphOf(ir, s), o);
                }});
+  r.push_back({"fuse-accumulation", "graph", "graph",
+               "folds a matrix product into the sum that accumulates it: add(acc, mm(a, b)) -> "
+               "addmm(acc, a, b), through aten::t", {},
+               [](IrUnit& ir, const PassSpec& s) { ir.graph = fuseAccumulation(graphOf(ir, s)).graph; }});
   for (std::string_view name : {"place-mtopo", "place-metf", "place-msct"}) {
     r.push_back({name, "graph", "graph",
                  "a device on every node and input (needs costs: run 'cost' first); options: "

@@ -12,6 +12,7 @@
 #include "ir/check.h"
 #include "ir/verifier.h"
 #include "passes/cost/op_family.h"
+#include "passes/pipeline/fuse_accumulation.h"
 #include "passes/pipeline/layer_order.h"
 #include "passes/pipeline/schedule.h"
 
@@ -182,7 +183,7 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   plan.checkpoint = o.checkpoint;
   plan.portals = o.portals;
   plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);
-  PassRunner timer(kPlanPipelineId, step.name(), 10, o);
+  PassRunner timer(kPlanPipelineId, step.name(), 11, o);
 
   // 0. The module names as a chain of layers (merging cycles, placing
   //    unlayered nodes); every later pass works on this graph.
@@ -260,6 +261,10 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   all.launch_overhead_us = machine.device(0).launch_overhead_us;
   ir::Graph mb = timer.run("microbatch", [&] { return microbatch(ordered, all); });
   timer.last().detail = fmt::format("{} -> {} nodes", step.nodes().size(), mb.nodes().size());
+  timer.verifyGraph(mb);
+  FusedAccumulation fused = timer.run("fuse-accumulation", [&] { return fuseAccumulation(mb); });
+  timer.last().detail = fmt::format("{} sums of products", fused.num_fused);
+  mb = std::move(fused.graph);
   timer.verifyGraph(mb);
   timer.run("cost", [&] { return estimateCosts(mb, machine, o.cost_options); });
   timer.verifyGraph(mb);

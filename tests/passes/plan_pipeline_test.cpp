@@ -235,17 +235,17 @@ TEST(PlanPipeline, RunsEveryPassThroughTheRunnerWithProgressVerificationAndDumps
   std::vector<std::string> finished;
   o.progress = [&](const PassEvent& e) {
     if (e.finished) finished.push_back(std::string(e.pass));
-    EXPECT_EQ(e.count, 10);
+    EXPECT_EQ(e.count, 11);
   };
   PipelinePlan p = planPipeline(step, o);
   EXPECT_EQ(finished, (std::vector<std::string>{"layer-order", "microbatch-1", "cost-1", "chain",
-                                                "partition", "microbatch", "cost", "checkpoint",
-                                                "schedule", "simulate"}));
-  ASSERT_EQ(p.stats.size(), 10u);
+                                                "partition", "microbatch", "fuse-accumulation",
+                                                "cost", "checkpoint", "schedule", "simulate"}));
+  ASSERT_EQ(p.stats.size(), 11u);
   // The IR passes leave dumps that parse back; the schedule's is the Program.
   std::string name = step.name();
   EXPECT_NO_THROW(ir::parseGraph(testing::readFile(dir / (name + ".pipeline-06-microbatch.txt"))));
-  ir::Program lowered = ir::parseProgram(testing::readFile(dir / (name + ".pipeline-09-schedule.txt")));
+  ir::Program lowered = ir::parseProgram(testing::readFile(dir / (name + ".pipeline-10-schedule.txt")));
   EXPECT_EQ(lowered.numDevices(), p.program.numDevices());
   EXPECT_FALSE(fs::exists(dir / (name + ".pipeline-05-partition.txt")));  // no IR to dump
   fs::remove_all(dir);

@@ -48,8 +48,8 @@ def test_list_names_every_pass_with_what_it_reads() -> None:
     r = _opt("--list")
     assert r.returncode == 0, r.stderr
     names = [line.split()[0] for line in r.stdout.splitlines()]
-    assert names == ["cost", "layer-order", "microbatch", "place-mtopo", "place-metf",
-                     "place-msct", "lower", "rehome-inputs", "simulate"]
+    assert names == ["cost", "layer-order", "microbatch", "fuse-accumulation", "place-mtopo",
+                     "place-metf", "place-msct", "lower", "rehome-inputs", "simulate"]
 
 
 def test_reads_standard_input_and_dumps_every_pass(tmp_path: Path) -> None:
