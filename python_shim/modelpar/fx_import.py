@@ -190,9 +190,24 @@ def _type(val: Any, where: str, aliases: Mapping[Any, Any] | None = None) -> str
 # random numbers. Scaled dot-product attention carries the tag for its
 # dropout, which is 0 in a model without attention dropout (every
 # transformers config here): such a call draws nothing, and the pair is the
-# op itself, with an empty u8[0] tensor for the state. An op that would draw
-# (dropout p > 0) is refused, naming it: its recompute would have to replay
-# the forward's numbers.
+# op itself, with an empty u8[0] tensor for the state. Dropout that draws is
+# Note [Replaying a checkpointed dropout]; any other op that would draw is
+# refused, naming it: its recompute would have to replay the forward's
+# numbers.
+#
+# Note [Replaying a checkpointed dropout]: native_dropout(x, p, train) draws
+# a bool mask and returns (x * mask * scale, mask), scale = 1 / (1 - p). Its
+# recompute needs the mask, not the generator's state: the forward's
+# native_dropout runs as it is and its mask is the "state" the forward saves
+# for the backward (a bool tensor of x's shape, where AOTAutograd saved the
+# generator's bytes); the backward's run_with_rng_state(mask, native_dropout,
+# x', p, train) is native_dropout_backward(x', mask, scale), which computes
+# x' * mask * scale: the forward's output to the bit in fp32 and fp64 (one
+# rounding of the scale apart in bf16), and the forward's mask. The mask is
+# kept from the forward to the backward, as eager keeps the generator's
+# state: one byte per element of x, the price of replaying on CPU worker
+# threads that share one generator, where restoring its state would replay
+# whatever another device drew meanwhile.
 @functools.cache
 def _rng_state_ops() -> tuple[Any, Any]:
     """(run_and_save_rng_state, run_with_rng_state); None where this torch
@@ -200,6 +215,22 @@ def _rng_state_ops() -> tuple[Any, Any]:
     hop = torch.ops.higher_order
     return (getattr(hop, "run_and_save_rng_state", None),
             getattr(hop, "run_with_rng_state", None))
+
+
+def _replays_from_mask(op: Any) -> bool:
+    """Whether a checkpointed call of ``op`` that draws is replayed from its
+    mask (Note [Replaying a checkpointed dropout])."""
+    return op is torch.ops.aten.native_dropout.default
+
+
+def _dropout_scale(schema: torch._C.FunctionSchema, args: Sequence[Any],
+                   kwargs: Mapping[str, Any], where: str) -> float:
+    """native_dropout's scale, 1 / (1 - p) (0 for p = 1, as ATen's)."""
+    p = args[1] if len(args) > 1 else kwargs.get("p")
+    if not isinstance(p, (int, float)) or isinstance(p, bool):
+        raise UnsupportedGraph(f"{schema.name} with a dropout probability of {p!r} "
+                               "(a number is replayed)", where)
+    return 0.0 if p == 1 else 1.0 / (1.0 - float(p))
 
 
 def _draws_nothing(schema: torch._C.FunctionSchema, args: Sequence[Any],
@@ -399,9 +430,10 @@ class _Importer:
         role, preferred = self.describe(node)
         if node.users and all(u.target is _rng_state_ops()[1] and u.args[0] is node
                               for u in node.users):
-            # a saved RNG state the forward made empty (Note [Checkpointed ops
-            # that draw nothing])
-            self.inputs.append(f"%{node.name}: u8[0] {role.value}")
+            # a saved RNG state: the forward made it empty (Note [Checkpointed
+            # ops that draw nothing]) or it is a dropout's mask (Note
+            # [Replaying a checkpointed dropout])
+            self.inputs.append(f"%{node.name}: {self.saved_state_type(node)} {role.value}")
             self.env[node] = node.name
             return
         if not isinstance(val, torch.Tensor):  # a size is named after its symbol: %s0: int
@@ -503,9 +535,13 @@ class _Importer:
         schema = op._schema
         qualified = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
         if not _draws_nothing(schema, args, node.kwargs):
-            raise UnsupportedGraph(
-                f"activation checkpointing of {qualified}, which draws random numbers here "
-                "(its recompute must replay them)", where)
+            if not _replays_from_mask(op):
+                raise UnsupportedGraph(
+                    f"activation checkpointing of {qualified}, which draws random numbers here "
+                    "(its recompute must replay them; only native_dropout's is replayed, from "
+                    "its mask)", where)
+            self.replay_dropout(node, saves, schema, args, where)
+            return
         outs = _fake_call(op, args, node.kwargs, where)
         names = [self.fresh(f"{node.name}_{i}") for i in range(len(outs))]
         results = ", ".join(f"%{n}: {_type(v, where, self.aliases)}" for n, v in zip(names, outs))
@@ -520,6 +556,44 @@ class _Importer:
             self.env[node] = [state, produced]
         else:
             self.env[node] = produced
+
+    def replay_dropout(self, node: torch.fx.Node, saves: bool,
+                       schema: torch._C.FunctionSchema, args: Sequence[Any], where: str) -> None:
+        """A checkpointed native_dropout that draws (Note [Replaying a
+        checkpointed dropout]): in the forward the op, its mask the saved
+        state; in the backward's recompute native_dropout_backward of the
+        recomputed input with that mask."""
+        outs = _fake_call(torch.ops.aten.native_dropout.default, args, node.kwargs, where)
+        if saves:
+            out, mask = self.fresh(f"{node.name}_0"), self.fresh(f"{node.name}_1")
+            call = [self.arg(a, where) for a in args]
+            call += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
+            self.lines.append(f"%{out}: {_type(outs[0], where, self.aliases)}, "
+                              f"%{mask}: {_type(outs[1], where, self.aliases)} = "
+                              f"aten::native_dropout({', '.join(call)}){self.attrs(node)}")
+            self.env[node] = [mask, [out, mask]]
+            return
+        state = self.env[node.args[0]]
+        out = self.fresh(f"{node.name}_0")
+        scale = _dropout_scale(schema, args, node.kwargs, where)
+        self.lines.append(f"%{out}: {_type(outs[0], where, self.aliases)} = "
+                          f"aten::native_dropout_backward({self.arg(args[0], where)}, %{state}, "
+                          f"{scale!r}){self.attrs(node)}")
+        self.env[node] = [out, state]
+
+    def saved_state_type(self, node: torch.fx.Node) -> str:
+        """IR type of a backward input that holds a saved RNG state: u8[0]
+        for ops that draw nothing, the mask's for a dropout that draws."""
+        where = f"placeholder {node.name}"
+        for user in node.users:
+            op, args = user.args[1], user.args[2:]
+            if isinstance(op, torch._ops.OpOverload) and _replays_from_mask(op) \
+                    and not _draws_nothing(op._schema, args, user.kwargs):
+                x = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
+                if not isinstance(x, torch.Tensor):
+                    raise UnsupportedGraph("a dropout replay without a traced input", where)
+                return _type(x, where, self.aliases).replace(_DTYPES[x.dtype], _DTYPES[torch.bool], 1)
+        return "u8[0]"
 
     def output(self, node: torch.fx.Node) -> None:
         index: dict[str, int] = {}
