@@ -15,6 +15,7 @@
 #include "ir/check.h"
 #include "ir/ir.h"
 #include "passes/cost/calibrate.h"
+#include "passes/cost/op_family.h"
 #include "passes/cost/cost_model.h"
 #include "passes/lower/chrome_trace.h"
 #include "passes/pipeline/checkpoint.h"
@@ -369,6 +370,24 @@ void bindGraphQueries(py::module_& m) {
       py::arg("graph"),
       "Per graph input: name, role, kind (tensor/int/float/bool), dtype (f32, i64, ...), shape "
       "(ints, or symbol names).");
+  m.def(
+      "graph_written_inputs",
+      [](const ir::Graph& g) {
+        std::vector<ir::ValueId> roots = passes::storageRoots(g);
+        std::vector<bool> written(g.numValues(), false);
+        for (const ir::Node& n : g.nodes()) {
+          ir::ValueId v = passes::writtenInput(g, n, roots);
+          if (v != ir::kNoId) written[static_cast<size_t>(v)] = true;
+        }
+        std::vector<int64_t> out;
+        for (size_t k = 0; k < g.inputs().size(); ++k) {
+          if (written[static_cast<size_t>(g.inputs()[k].value)]) out.push_back(static_cast<int64_t>(k));
+        }
+        return out;
+      },
+      py::arg("graph"),
+      "Indices of the graph inputs that an in-place node writes (through views: "
+      "passes/cost/op_family.h writtenInput).");
   m.def(
       "program_run_nodes",
       [](const ir::Program& p) {

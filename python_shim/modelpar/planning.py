@@ -266,9 +266,10 @@ def profile_graph_gaps(graph: Graph, inputs: Sequence[Any] | None = None, *, run
 
 class InputRewind:
     """The inputs of ``graph`` that its in-place nodes write (``copy_`` of a
-    functionalized mutation, an op ending in ``_`` whose first argument is a
-    graph input), saved from ``args``; ``restore()`` writes the saved values
-    back.
+    functionalized mutation, an in-place op whose first argument is a graph
+    input or a view of one: op_family's writtenInput, the test the
+    placement and the pipeline pin these writes by), saved from ``args``;
+    ``restore()`` writes the saved values back.
 
     Note [Timing a step that writes its inputs]: the timers run one step
     many times on one set of inputs. A step that advances state held in an
@@ -279,11 +280,8 @@ class InputRewind:
     the saved values."""
 
     def __init__(self, graph: Graph, args: Sequence[Any]) -> None:
-        import re
-        names = list(graph.input_names)
-        written = set(re.findall(r"= [\w:]+_(?:\.\w+)?\(%([^,)\s]+)", str(graph)))
-        self.saved = [(args[i], args[i].detach().clone()) for i, n in enumerate(names)
-                      if n in written and i < len(args) and isinstance(args[i], torch.Tensor)]
+        self.saved = [(args[i], args[i].detach().clone()) for i in _C.graph_written_inputs(graph)
+                      if i < len(args) and isinstance(args[i], torch.Tensor)]
 
     def restore(self) -> None:
         with torch.no_grad():

@@ -309,3 +309,27 @@ def test_auto_plans_a_static_batch_without_micro_batches():
     assert isinstance(inner, modelpar.ConfigError), inner
     assert "uses the batch size as a number" in str(inner), inner
     assert "only when the compiled function returns the loss" in str(inner), inner
+
+
+def test_timing_restores_the_inputs_a_step_writes_through_views():
+    # Note [Timing a step that writes its inputs] (planning.InputRewind): a
+    # static cache is written through a view of it (copy_ into a select) and
+    # its position in place; the timers must rewind both, found as the
+    # placement and the pipeline find them (op_family's writtenInput).
+    from modelpar.planning import InputRewind
+    g = modelpar.parse_graph("""graph @advance(%pos: i64[1] input, %cache: f32[4, 2] input,
+                                               %x: f32[2] input) {
+  %row: f32[2] = aten::select.int(%cache, 0, 1)
+  %row2: f32[2] = aten::copy_(%row, %x)
+  %pos2: i64[1] = aten::add_.Scalar(%pos, 1)
+  %y: f32[2] = aten::mul.Tensor(%x, %x)
+  return %y
+}
+""")
+    assert modelpar._C.graph_written_inputs(g) == [0, 1]
+    pos, cache, x = torch.tensor([3]), torch.zeros(4, 2), torch.full((2,), 5.0)
+    rewind = InputRewind(g, [pos, cache, x])
+    modelpar.run_graph(g, [pos, cache, x])
+    assert pos.item() == 4 and cache[1].tolist() == [5.0, 5.0]  # the step wrote both
+    rewind.restore()
+    assert pos.item() == 3 and torch.equal(cache, torch.zeros(4, 2))
