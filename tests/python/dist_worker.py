@@ -104,7 +104,9 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     extra: "release" (release_unowned after the first step), "clip"
     (modelpar.clip_grad_norm_ every step, against torch's in eager), "scaler"
     (modelpar.GradScaler against torch's in eager, with an inf put into one
-    rank's gradient in step 0), "trace" (the
+    rank's gradient in step 0), "dropped" (the model's own activation
+    checkpointing with every dropout at p = 1: masks that do not depend on
+    which rank draws them, replayed in the recompute), "trace" (the
     trace option, files in $MODELPAR_TEST_TRACE_DIR), "meta" (built on meta,
     materialized) or "own-cache" (each rank its own profile cache,
     $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on)."""
@@ -131,12 +133,20 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
             eager = case.make_model()
     else:
         model = case.make_model().to(dev)
+        if extra == "dropped":
+            model.activation_checkpointing_enable({"use_reentrant": False})
+            model.config.use_cache = False
+            for m in model.modules():
+                if isinstance(m, torch.nn.Dropout):
+                    m.p = 1.0
         eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
     if pipeline == "auto":
         options["strategy"] = "auto"
     elif pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
+        if extra == "dropped":  # the model checkpoints itself; p = 1 draws the same everywhere
+            options["pipeline"].update(checkpoint="never", allow_random=True)
     if trace_dir:
         options["trace"] = os.path.join(trace_dir, "step.json")
 
@@ -276,7 +286,11 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
                     "candidates": [(c["label"], c["status"], c["step_us"], c["chosen"])
                                    for c in rec.candidates]}
     from modelpar import distributed as mp_dist
+    replayed = any("aten::native_dropout_backward" in str(planned.program.graph)
+                   for r in modelpar.plans() for planned in (r.pipeline, r.joint)
+                   if planned is not None)
     _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
+            replayed=replayed,
             reverse_group=bool(mp_dist._reverse_groups),
             plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed, norms=norms, scales=scales,
             traced=traced, materialized=materialized)

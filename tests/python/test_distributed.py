@@ -209,6 +209,19 @@ def test_generate_decodes_over_ranks_like_eager(case: str, schedule: str, extra:
     assert all(r["graphs"] >= 2 for r in results), results
 
 
+@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+def test_a_checkpointed_dropout_trains_over_ranks_like_eager(schedule: str) -> None:
+    # GPT-2 under its own activation checkpointing with every dropout at p = 1
+    # (each rank draws from its own generator, so only masks that do not
+    # depend on the draws can equal eager's): the forward's masks are saved
+    # and sent to where the recompute runs (Note [Replaying a checkpointed
+    # dropout]); the worker checks losses, gradients and parameters against
+    # eager over 3 steps.
+    pytest.importorskip("transformers")
+    results = _all_ok(_launch(2, "train", "zoo:gpt2", "3", schedule, "dropped"))
+    assert all(r["replayed"] for r in results), results
+
+
 @pytest.mark.parametrize("world,case,schedule", [(2, "gpt", "1f1b")])
 def test_a_group_per_direction_trains_like_one(world: int, case: str, schedule: str,
                                                monkeypatch) -> None:
