@@ -378,17 +378,18 @@ def _replays_dropout(plan) -> bool:
     return "aten::native_dropout_backward" in str(graph) and "phase=recompute" in str(graph)
 
 
-@pytest.mark.parametrize("mode", ["one-device", "m-etf"])
-def test_a_checkpointed_dropout_recomputes_the_forwards_mask(mode: str) -> None:
-    # GPT-2 with dropout 0.1 (embeddings, attention, residuals) under its own
-    # checkpointing. Each dropout reads the one before it through the
+@pytest.mark.parametrize("name,mode", [("gpt2", "one-device"), ("gpt2", "m-etf"),
+                                       ("bert", "one-device")])
+def test_a_checkpointed_dropout_recomputes_the_forwards_mask(name: str, mode: str) -> None:
+    # GPT-2 and BERT with dropout 0.1 (embeddings, attention, residuals) under
+    # their own checkpointing. Each dropout reads the one before it through the
     # residual stream, so the forward draws its masks in eager's order from
     # the same seed, on one device or placed on two; the recompute replays
     # them from the saved mask (Note [Replaying a checkpointed dropout] in
     # fx_import.py), so loss and gradients equal eager's, whose recompute
     # restores the generator. A recompute that drew again, or a mask paired
     # with another layer's recompute, would differ in every masked gradient.
-    case = ZOO["gpt2"]
+    case = ZOO[name]
     model = case.make_model()
     _dropping(0.1)(model)
     eager = copy.deepcopy(model)
