@@ -256,10 +256,20 @@ class PipelineStep:
             if self.opts.trace is not None:
                 plan.write_trace(_simulated_trace(self.opts.trace))
         else:
+            # Note [A model that checkpoints itself]: its step already holds
+            # recompute nodes (torch.utils.checkpoint, transformers'
+            # gradient_checkpointing_enable), which the pipeline's own
+            # checkpointing must not checkpoint again; unless the user chose a
+            # mode (then checkpoint.cpp's ConfigError names the fix), the
+            # model's choice stands: "never".
+            checkpoint = o["checkpoint"]
+            if "checkpoint" not in self.opts.pipeline_given and \
+                    "phase=recompute" in str(self.graph):
+                checkpoint = "never"
             plan = plan_pipeline(self.graph, devices=self.opts.devices,
                                  microbatches=min(o["microbatches"], batch), batch_size=batch,
                                  schedule=o["schedule"], partition=o["partition"],
-                                 checkpoint=o["checkpoint"], portals=o["portals"],
+                                 checkpoint=checkpoint, portals=o["portals"],
                                  memory=self.opts.memory, machine=machine,
                                  loss_reduction=o["loss_reduction"],
                                  allow_random=o["allow_random"], batch_norm=o["batch_norm"],

@@ -15,7 +15,7 @@ silently ignored.
 | ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
-| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (False), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile_pipeline.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
+| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (False), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile_pipeline.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them; it never defers training-mode batch norm (a pipeline of several micro-batches of such a model fails saying so). Not with ``placer`` or ``pipeline`` (those pick by hand); over a process group rank 0 measures and every rank searches with its numbers (the one-device plan excluded) |
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed.py) |
@@ -130,6 +130,9 @@ class CompileOptions:
     mode: str = "default"
     #: Plan over the ranks of ``process_group`` (resolved: never None then).
     world: bool = False
+    #: The ``pipeline`` keys the user gave (the rest are defaults: Note [A
+    #: model that checkpoints itself] in compile_pipeline.py).
+    pipeline_given: tuple[str, ...] = ()
 
     @property
     def whole_step(self) -> bool:
@@ -160,10 +163,12 @@ class CompileOptions:
         """The options that differ from their defaults (for summaries)."""
         default = CompileOptions()
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) != getattr(default, f.name)}
+                if f.name != "pipeline_given"
+                and getattr(self, f.name) != getattr(default, f.name)}
 
 
-_KEYS = tuple(f.name for f in fields(CompileOptions) if f.name not in ("mode", "world"))
+_KEYS = tuple(f.name for f in fields(CompileOptions)
+              if f.name not in ("mode", "world", "pipeline_given"))
 
 
 def _bad(key: str, value: Any, valid: str) -> ConfigError:
@@ -353,9 +358,11 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
         _choice("placer", placer, PLACERS)
     memory = _bytes("memory", options.get("memory"))
     pipeline = options.get("pipeline")
+    given_pipeline: list[str] = []
     if pipeline is not None:
         if not isinstance(pipeline, Mapping):
             raise _bad("pipeline", pipeline, f"None or a dict with keys {', '.join(_PIPELINE_KEYS)}")
+        given_pipeline = [str(k) for k in pipeline]
         pipeline = pipeline_options(pipeline)
     trace = _path("trace", options.get("trace"), "a file path")
     strategy = _choice("strategy", options.get("strategy", "manual"), STRATEGIES)
@@ -398,6 +405,7 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                           partitioner=partitioner, devices=devices, device_map=device_map,
                           placer=placer, memory=memory,
                           pipeline=dict(pipeline) if pipeline is not None else None,
+                          pipeline_given=tuple(sorted(given_pipeline)),
                           cuda_graphs=cuda_graphs, trace=str(trace) if trace else None,
                           strategy=strategy, mode=mode, process_group=process_group,
                           peer_timeout=float(peer_timeout), world=world)

@@ -425,12 +425,37 @@ def test_a_checkpointed_dropout_replays_over_devices_and_pipelines(mode: str) ->
     assert _replays_dropout(modelpar.plans()[-1])
 
 
+def test_a_model_that_checkpoints_itself_keeps_its_choice_by_default() -> None:
+    # No checkpoint mode given: the pipeline adds no recomputation of its own
+    # to a model that checkpoints itself (Note [A model that checkpoints
+    # itself] in compile_pipeline.py), and the step equals eager's.
+    case = ZOO["llama"]
+    model = case.make_model()
+    _checkpointed(model)
+    eager = copy.deepcopy(model)
+    fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
+                         options={"devices": 2, "strict": True,
+                                  "pipeline": {"schedule": "1f1b", "microbatches": 2}})
+    x, y = case.batch(0, case.batch_size)
+    loss, ref = fast(x, y), case.step(eager, x, y)
+    case.tol.assert_close(loss.detach(), ref.detach())
+    loss.backward()
+    ref.backward()
+    scale = max(float(q.grad.abs().max()) for q in eager.parameters())
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        case.tol.assert_close(p.grad, q.grad, scale=scale, msg=lambda m, n=n: f"{n}: {m}")
+    plan = modelpar.plans()[-1].pipeline
+    assert "checkpoint never" in str(plan), str(plan)
+
+
 def test_checkpointing_a_checkpointed_model_again_says_what_to_do() -> None:
     case = ZOO["llama"]
     model = case.make_model()
     _checkpointed(model)
+    options = _options("1f1b-except_last")
+    options["pipeline"]["checkpoint"] = "except_last"  # asked for: a default would give way
     fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
-                         options=_options("1f1b-except_last"))
+                         options=options)
     with pytest.raises(modelpar.ConfigError, match="checkpoints its own activations.*never"):
         fast(*case.batch(0, case.batch_size))
 
