@@ -257,7 +257,15 @@ def test_auto_strategy_over_ranks_plans_on_rank_0s_measurements(world: int, case
     monkeypatch.setenv("MODELPAR_TEST_CACHE_ROOT", str(tmp_path))
     results = _all_ok(_launch(world, "train", case, "3", "auto", "own-cache"))
     searched = [r["searched"] for r in results]
-    assert all(s == searched[0] for s in searched), searched
+    for rank, s in enumerate(searched[1:], start=1):  # what differs, named (seen once under CI load)
+        if s["machine"] != searched[0]["machine"]:
+            mine, theirs = json.loads(searched[0]["machine"]), json.loads(s["machine"])
+            keys = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+            raise AssertionError(f"rank {rank} searched on another machine than rank 0: {keys}: "
+                                 f"{[(k, mine.get(k), theirs.get(k)) for k in keys]}")
+        differ = [(a, b) for a, b in zip(searched[0]["candidates"], s["candidates"]) if a != b]
+        assert not differ and len(s["candidates"]) == len(searched[0]["candidates"]), \
+            f"rank {rank}'s candidates differ from rank 0's (rank 0, rank {rank}): {differ}"
     assert json.loads(searched[0]["machine"])["calibration"]["threads"] == 1
     labels = [label for label, *_ in searched[0]["candidates"]]
     assert "one-device" not in labels and any(label.startswith("placement") for label in labels)
