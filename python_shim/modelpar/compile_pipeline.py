@@ -129,6 +129,9 @@ class PipelineStep:
         self.built: collections.OrderedDict[int, _Built] = collections.OrderedDict()
         self.mode = "step"
         self.graph: Any = None
+        # The step holds recompute nodes of its own (Note [A model that
+        # checkpoints itself]): decided once, where the step is joined.
+        self.checkpoints_itself = False
         self.fw_out_names: list[str] = []
         self.bw_out_names: list[str] = []
         self.fw_input_names: list[str] = []
@@ -198,6 +201,7 @@ class PipelineStep:
         keep = 1 + max([o for o in user_map if o >= 0], default=-1)
         graph, fw_names, bw_names = _C.join_step(fw_graph, bw_graph, saved, links, keep, zeros)
         self.graph = graph
+        self.checkpoints_itself = "phase=recompute" in str(graph)
         self.fw_out_names = [fw_names[o] if o >= 0 else "" for o in user_map]
         self.bw_out_names = [bw_names[o] if o >= 0 else "" for o in bw_output_map]
         self.fw_input_names = list(fw_graph.input_names)
@@ -263,8 +267,7 @@ class PipelineStep:
             # mode (then checkpoint.cpp's ConfigError names the fix), the
             # model's choice stands: "never".
             checkpoint = o["checkpoint"]
-            if "checkpoint" not in self.opts.pipeline_given and \
-                    "phase=recompute" in str(self.graph):
+            if "checkpoint" not in self.opts.pipeline_given and self.checkpoints_itself:
                 checkpoint = "never"
             plan = plan_pipeline(self.graph, devices=self.opts.devices,
                                  microbatches=min(o["microbatches"], batch), batch_size=batch,

@@ -534,13 +534,14 @@ class _Importer:
             raise UnsupportedGraph(f"{node.target} of {op!r}", where)
         schema = op._schema
         qualified = schema.name + (f".{schema.overload_name}" if schema.overload_name else "")
-        if not _draws_nothing(schema, args, node.kwargs):
-            if not _replays_from_mask(op):
-                raise UnsupportedGraph(
-                    f"activation checkpointing of {qualified}, which draws random numbers here "
-                    "(its recompute must replay them; only native_dropout's is replayed, from "
-                    "its mask)", where)
-            self.replay_dropout(node, saves, schema, args, where)
+        draws = not _draws_nothing(schema, args, node.kwargs)
+        if draws and not _replays_from_mask(op):
+            raise UnsupportedGraph(
+                f"activation checkpointing of {qualified}, which draws random numbers here "
+                "(its recompute must replay them; only native_dropout's is replayed, from "
+                "its mask)", where)
+        if draws and not saves:  # Note [Replaying a checkpointed dropout]
+            self.replay_dropout(node, schema, args, where)
             return
         outs = _fake_call(op, args, node.kwargs, where)
         names = [self.fresh(f"{node.name}_{i}") for i in range(len(outs))]
@@ -549,7 +550,9 @@ class _Importer:
         call += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
         self.lines.append(f"{results} = {qualified}({', '.join(call)}){self.attrs(node)}")
         produced: Any = names if len(schema.returns) != 1 else names[0]
-        if saves:
+        if saves and draws:  # the dropout's mask is the state its recompute replays
+            self.env[node] = [names[1], produced]
+        elif saves:
             state = self.fresh(f"{node.name}_state")
             self.lines.append(f"%{state}: u8[0] = aten::zeros([0], dtype=dtype.u8, "
                               f"device=device(\"cpu\")){self.attrs(node)}")
@@ -557,22 +560,12 @@ class _Importer:
         else:
             self.env[node] = produced
 
-    def replay_dropout(self, node: torch.fx.Node, saves: bool,
-                       schema: torch._C.FunctionSchema, args: Sequence[Any], where: str) -> None:
-        """A checkpointed native_dropout that draws (Note [Replaying a
-        checkpointed dropout]): in the forward the op, its mask the saved
-        state; in the backward's recompute native_dropout_backward of the
-        recomputed input with that mask."""
+    def replay_dropout(self, node: torch.fx.Node, schema: torch._C.FunctionSchema,
+                       args: Sequence[Any], where: str) -> None:
+        """The backward's recompute of a checkpointed native_dropout that
+        draws (Note [Replaying a checkpointed dropout]): native_dropout_backward
+        of the recomputed input with the mask the forward saved as its state."""
         outs = _fake_call(torch.ops.aten.native_dropout.default, args, node.kwargs, where)
-        if saves:
-            out, mask = self.fresh(f"{node.name}_0"), self.fresh(f"{node.name}_1")
-            call = [self.arg(a, where) for a in args]
-            call += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
-            self.lines.append(f"%{out}: {_type(outs[0], where, self.aliases)}, "
-                              f"%{mask}: {_type(outs[1], where, self.aliases)} = "
-                              f"aten::native_dropout({', '.join(call)}){self.attrs(node)}")
-            self.env[node] = [mask, [out, mask]]
-            return
         state = self.env[node.args[0]]
         out = self.fresh(f"{node.name}_0")
         scale = _dropout_scale(schema, args, node.kwargs, where)

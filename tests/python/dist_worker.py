@@ -134,11 +134,8 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     else:
         model = case.make_model().to(dev)
         if extra == "dropped":
-            model.activation_checkpointing_enable({"use_reentrant": False})
-            model.config.use_cache = False
-            for m in model.modules():
-                if isinstance(m, torch.nn.Dropout):
-                    m.p = 1.0
+            from zoo import dropping
+            dropping(1.0)(model)
         eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
     if pipeline == "auto":

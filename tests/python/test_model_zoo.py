@@ -30,7 +30,7 @@ import torch
 pytest.importorskip("transformers")
 
 import modelpar  # noqa: E402
-from zoo import ZOO, ZooCase  # noqa: E402
+from zoo import ZOO, ZooCase, checkpointed, dropping  # noqa: E402
 
 MICROBATCHES = 2
 STEPS = 3
@@ -340,16 +340,6 @@ def test_bf16_autocast_trains_like_eager_autocast(mode: str) -> None:
     assert any("bf16[" in t for t in texts)
 
 
-def _checkpointed(model: torch.nn.Module) -> None:
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
-        model.activation_checkpointing_enable({"use_reentrant": False})
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    # transformers logs (a graph break) that the cache is off under
-    # checkpointing unless it is off already
-    model.config.use_cache = False
-
-
 @pytest.mark.parametrize("mode", ["one-device", "m-etf", "gpipe-never", "1f1b-never", "auto"])
 def test_the_models_own_activation_checkpointing_trains_like_eager(mode: str) -> None:
     # transformers' gradient_checkpointing_enable: AOTAutograd recomputes the
@@ -357,20 +347,10 @@ def test_the_models_own_activation_checkpointing_trains_like_eager(mode: str) ->
     # random for its dropout, 0 here) in RNG-state ops, imported as the op
     # itself (Note [Checkpointed ops that draw nothing] in fx_import.py).
     # Pipelines checkpoint nothing more (checkpoint="never"; the others say so).
-    _run("llama", mode, prepare=_checkpointed)
+    _run("llama", mode, prepare=checkpointed)
     plan = modelpar.plans()[-1]
     graph = plan.step_graph if plan.step_graph is not None else plan.graphs["backward"].graph
     assert "phase=recompute" in str(graph), "no recomputation: checkpointing did not apply"
-
-
-def _dropping(p: float):
-    """A ``prepare`` for _run: the model's own checkpointing, every dropout p."""
-    def prepare(model: torch.nn.Module) -> None:
-        _checkpointed(model)
-        for m in model.modules():
-            if isinstance(m, torch.nn.Dropout):
-                m.p = p
-    return prepare
 
 
 def _replays_dropout(plan) -> bool:
@@ -391,7 +371,7 @@ def test_a_checkpointed_dropout_recomputes_the_forwards_mask(name: str, mode: st
     # with another layer's recompute, would differ in every masked gradient.
     case = ZOO[name]
     model = case.make_model()
-    _dropping(0.1)(model)
+    dropping(0.1)(model)
     eager = copy.deepcopy(model)
     fast = torch.compile(model, backend="modelpar", options=_options(mode))
     for step in range(2):
@@ -421,7 +401,7 @@ def test_a_checkpointed_dropout_replays_over_devices_and_pipelines(mode: str) ->
     # at p = 1 every mask is all-dropped whatever the order, and the replay's
     # plumbing (the mask saved in the forward, paired with its recompute in
     # the joint step, scale 0) must give eager's step exactly.
-    _run("gpt2", mode, prepare=_dropping(1.0), allow_random=True)
+    _run("gpt2", mode, prepare=dropping(1.0), allow_random=True)
     assert _replays_dropout(modelpar.plans()[-1])
 
 
@@ -431,7 +411,7 @@ def test_a_model_that_checkpoints_itself_keeps_its_choice_by_default() -> None:
     # itself] in compile_pipeline.py), and the step equals eager's.
     case = ZOO["llama"]
     model = case.make_model()
-    _checkpointed(model)
+    checkpointed(model)
     eager = copy.deepcopy(model)
     fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",
                          options={"devices": 2, "strict": True,
@@ -451,7 +431,7 @@ def test_a_model_that_checkpoints_itself_keeps_its_choice_by_default() -> None:
 def test_checkpointing_a_checkpointed_model_again_says_what_to_do() -> None:
     case = ZOO["llama"]
     model = case.make_model()
-    _checkpointed(model)
+    checkpointed(model)
     options = _options("1f1b-except_last")
     options["pipeline"]["checkpoint"] = "except_last"  # asked for: a default would give way
     fast = torch.compile(lambda x, y: case.step(model, x, y), backend="modelpar",

@@ -204,3 +204,26 @@ ZOO: dict[str, ZooCase] = {
     # windows of 4 x 4 = 16 positions; 64 patches x batch 4 before merging
     "swin": ZooCase(_seeded(_swin), _images, _logits, F.cross_entropy, Reordered(256, depth=40)),
 }
+
+
+def checkpointed(model: nn.Module) -> None:
+    """The model's own activation checkpointing (non-reentrant), as training
+    scripts turn it on."""
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    # transformers logs (a graph break) that the cache is off under
+    # checkpointing unless it is off already
+    model.config.use_cache = False
+
+
+def dropping(p: float):
+    """A model preparation: its own checkpointing, every dropout at p."""
+    def prepare(model: nn.Module) -> None:
+        checkpointed(model)
+        for m in model.modules():
+            if isinstance(m, nn.Dropout):
+                m.p = p
+    return prepare
+
