@@ -105,6 +105,7 @@ void bindSearch(py::module_& m) {
         o.pipelines = pipelines;
         o.prune = prune;
         o.msct_lp_time_limit_s = lp_time_limit_s;
+        o.record_timeline = true;  // write_trace works on the chosen plan, as on every plan
         py::gil_scoped_release no_gil;
         if (machine) o.machine = passes::DeviceModel::load(*machine);
         return passes::searchStrategy(g, o);

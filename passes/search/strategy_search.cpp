@@ -163,6 +163,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   base.memory_bytes = o.memory_bytes;
   base.msct_lp_time_limit_s = o.msct_lp_time_limit_s;
   base.dump_dir = "";
+  base.record_timeline = o.record_timeline;
   if (!symbol.empty()) base.cost_options.symbol_sizes[symbol] = batch;
   const DeviceModel machine = planMachine(base);  // checks devices, memory and machine
 
@@ -261,6 +262,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
         po.memory_bytes = o.memory_bytes;
         po.dump_dir = "";
         po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
+        po.record_timeline = o.record_timeline;
         pipeline = planPipeline(step, po);
         c.step_us = pipeline->stepTimeUs();
         c.peak_bytes = peakOf(pipeline->simulation);

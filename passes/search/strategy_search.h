@@ -101,6 +101,9 @@ struct StrategySearchOptions {
   /// CBC's time limit per solve of MadPipe's pattern ILP: an infeasible
   /// period costs the whole limit, and the binary search solves up to 10.
   double madpipe_pattern_time_limit_s = 0.1;
+  /// Keep every planned candidate's simulated timeline, so that the chosen
+  /// plan's Chrome trace can be written (toChromeTrace needs it).
+  bool record_timeline = false;
 };
 
 enum class CandidateStatus { Ok, DoesNotFit, Failed, Pruned };

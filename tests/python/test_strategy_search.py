@@ -143,9 +143,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           text=True, env=env, timeout=120)
 
 
-def test_cli_strategy_auto_lists_candidates_and_the_chosen_plan():
-    r = _cli(str(STEP), "--strategy", "auto", "--devices", "2", "--batch-size", "16")
+def test_cli_strategy_auto_lists_candidates_and_the_chosen_plan(tmp_path):
+    trace = tmp_path / "chosen.json"
+    r = _cli(str(STEP), "--strategy", "auto", "--devices", "2", "--batch-size", "16",
+             "--trace", str(trace))
     assert r.returncode == 0, r.stderr
+    assert any(e.get("ph") == "X" for e in json.loads(trace.read_text())["traceEvents"])
     assert "candidate" in r.stdout and "lower bound" in r.stdout
     starred = [line for line in r.stdout.splitlines() if line.startswith("* ")]
     assert len(starred) == 1
@@ -222,6 +225,28 @@ def test_compiled_auto_equals_eager_and_reports_the_candidates(name):
     assert plan.search.seconds > 0
     text = str(plan)
     assert f"strategy: auto, chose {chosen['label']}" in text and "[search]" in text
+
+
+@pytest.mark.parametrize("machine", ["cpu_profile", "compute_bound"])
+def test_auto_with_a_trace_writes_the_chosen_plans_traces(tmp_path, monkeypatch, machine):
+    # The search's plans once kept no simulated timeline, and a trace asked for
+    # beside strategy="auto" raised ConfigError ("the report has no timeline").
+    if machine == "compute_bound":  # the chosen plan is a pipeline there
+        monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
+    trace = tmp_path / "step.json"
+    plan = _train("mlp", {"devices": 2, "strategy": "auto", "strict": True,
+                          "trace": str(trace)}, None, 1, True)
+    assert plan.trace_path == str(trace) and trace.exists()
+    assert plan.simulated_trace_path == str(tmp_path / "step.simulated.json")
+    spans = [e for e in json.loads(Path(plan.simulated_trace_path).read_text())["traceEvents"]
+             if e.get("ph") == "X"]
+    assert spans, "the simulated trace has no spans"
+    # The simulated timeline ends where the search's chosen step time does.
+    end = max(e["ts"] + e["dur"] for e in spans) - min(e["ts"] for e in spans)
+    assert end == pytest.approx(plan.simulated_step_us, rel=1e-3, abs=0.01)
+    chosen = next(c for c in plan.candidates if c["chosen"])
+    if machine == "compute_bound":
+        assert chosen["kind"] == "pipeline", plan.search.table()
 
 
 def test_max_autotune_picks_a_pipeline_on_a_compute_bound_machine(tmp_path, monkeypatch):

@@ -5,10 +5,12 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <limits>
 #include <string>
 
 #include "ir/error.h"
+#include "passes/lower/chrome_trace.h"
 #include "ir/parser.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
@@ -78,6 +80,27 @@ TEST(StrategySearch, ChoosesTheSimulatorsMinimumAndPrunesWhatCannotBeatIt) {
   EXPECT_EQ(s.candidates[0].status, CandidateStatus::Pruned);
   EXPECT_NE(s.candidates[0].reason.find("bound 200 us"), std::string::npos) << s.candidates[0].reason;
   EXPECT_NE(s.table().find("* "), std::string::npos) << s.table();
+}
+
+// strategy="auto" with a trace writes the chosen plan's simulated timeline:
+// without record_timeline the search keeps none (toChromeTrace refuses).
+TEST(StrategySearch, TheChosenPlanKeepsItsTimelineWhenAskedTo) {
+  ir::Graph g = ir::parseGraph(kTwoBranches);
+  StrategySearch without = searchStrategy(g, twoDevices());
+  ASSERT_TRUE(without.placement.has_value());
+  EXPECT_TRUE(without.placement->simulation.start_us.empty());
+  StrategySearchOptions o = twoDevices();
+  o.record_timeline = true;
+  StrategySearch s = searchStrategy(g, o);
+  ASSERT_TRUE(s.placement.has_value());
+  const SimulationReport& sim = s.placement->simulation;
+  ASSERT_EQ(sim.end_us.size(), 2u);  // m-ETF: a on one device, b on the other
+  for (const std::vector<double>& ends : sim.end_us) {
+    ASSERT_FALSE(ends.empty());
+    EXPECT_DOUBLE_EQ(*std::max_element(ends.begin(), ends.end()), 100.0);
+  }
+  const std::string trace = toChromeTrace(s.placement->program, sim);
+  EXPECT_NE(trace.find("aten::relu"), std::string::npos) << trace;
 }
 
 // Rounding is a tie, and a tie goes to the earlier (simpler) candidate,
