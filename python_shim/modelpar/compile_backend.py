@@ -156,8 +156,29 @@ def _retrace_with_a_symbolic_batch(gm: torch.fx.GraphModule, example_inputs: Seq
         return  # asked once already and still static: _batch_input explains
     for _, t in batched:
         torch._dynamo.maybe_mark_dynamic(t, 0)
+    _forget_the_speculation_log()
     raise TensorifyScalarRestartAnalysis(
         restart_reason="modelpar pipeline: tracing again with a symbolic batch dimension")
+
+
+def _forget_the_speculation_log() -> None:
+    """Clears the speculation log of the frame Dynamo is tracing, before the
+    restart that traces it again with a symbolic batch. Dynamo keeps the log
+    over a TensorifyScalarRestartAnalysis and checks that the retrace takes
+    the same path, but a symbolic batch puts ops into the graph earlier (the
+    sizes the frame reads become sym_size calls: ``t = idx.shape[1]`` before
+    ``torch.arange(t)`` in a GPT whose model alone is compiled), so the retrace
+    records its entries at other instructions and Dynamo raised
+    SpeculationLogDivergence. The log holds no graph break of this restart's
+    making; a graph break before it is found again on the retrace."""
+    try:
+        from torch._dynamo.symbolic_convert import InstructionTranslator
+        tx = InstructionTranslator.current_tx()
+    except (ImportError, AttributeError, IndexError, AssertionError):
+        return  # not inside Dynamo's tracer (or another torch): nothing kept to forget
+    log = getattr(tx, "speculation_log", None)
+    if log is not None:
+        log.clear()
 
 
 def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
