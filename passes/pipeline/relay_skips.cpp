@@ -31,6 +31,7 @@ RelayedGraph relaySkips(const ir::Graph& g, const std::vector<int32_t>& stage_of
   for (size_t v = 0; v < nv; ++v) {
     ir::NodeId pr = g.values()[v].producer;
     if (pr == ir::kNoId || !g.node(pr).microbatch) continue;
+    if (!g.values()[v].type.isTensor()) continue;  // a size goes straight to its reader
     const ir::Node& pn = g.node(pr);
     int32_t p = stageOf(pr);
     for (ir::NodeId r : users[v]) {

@@ -9,14 +9,15 @@
 // of stage 3's backward read on stage 0) goes straight back. This pass is the
 // opposite, for comparison (simulate the relay transfers and memory).
 //
-// Which values. The output v of a micro-batch node (one with `mb`) on stage
-// p, read on a stage r:
+// Which values. The tensor output v of a micro-batch node (one with `mb`) on
+// stage p, read on a stage r:
 //   * v forward (phase fwd or none) and r > p + 1: copies on p+1 .. R-1
 //     (R = the farthest such reader); a reader on r reads the copy on r-1;
 //   * v backward or recompute and r < p - 1: copies on p-1 .. R+1 downwards;
 //     a reader on r reads the copy on r+1.
 // Other crossings (a forward value read by a backward node on a much earlier
-// stage) stay direct. A copy is `%<v>.relay<stage> = aten::alias(...)` with
+// stage) stay direct, and so do scalars (a micro-batch's size, `int`): the
+// relay forwards activations, and `alias` of an int is a 0-dim tensor. A copy is `%<v>.relay<stage> = aten::alias(...)` with
 // v's layer, phase and mb and cost {time_us=0, out=0, temp=0, persist=0}:
 // `alias` is a view, so an intermediate stage holds the received copy only
 // (as torchgpipe's pass-through layer does), and the interpreter runs it as

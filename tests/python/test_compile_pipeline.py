@@ -127,6 +127,15 @@ def test_gpipe_with_the_loss_compiled_in_and_four_stages() -> None:
     assert "[pipeline]" in text and "4 stages on 4 devices" in text, text
 
 
+@pytest.mark.parametrize("name", ["gpt", "unet"])
+def test_relayed_skips_over_three_stages_equal_eager(name: str) -> None:
+    # portals=False forwards what skips a stage through the stages between
+    # (pass relay-skips); GPT's view sizes, ints read three stages on, were
+    # relayed as `alias` too and failed at run time as 0-dim tensors.
+    plan = _loss_inside(name, 3, [8], schedule="1f1b", microbatches=2, portals=False)
+    assert plan.pipeline.num_stages == 3
+
+
 def test_new_batch_sizes_plan_again_and_uneven_microbatches_are_exact() -> None:
     plan = _loss_inside("inception", 2, [8, 10, 8], schedule="1f1b", microbatches=4)
     assert sorted(plan.pipeline_batches) == [8, 10]

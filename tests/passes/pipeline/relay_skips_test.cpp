@@ -168,6 +168,30 @@ TEST(RelaySkips, InsertsAliasCopiesOnTheIntermediateStages) {
   EXPECT_EQ(r.graph.node(node("p0_0")).inputs()[0], *r.graph.findValue("e0_0"));
 }
 
+// A micro-batch's size read three stages on (GPT's view sizes, 1F1B without
+// portals on 3 devices) goes straight across: `alias` of an int is a 0-dim
+// tensor, which the executor refused as not the IR's int. Tensors still relay.
+TEST(RelaySkips, AScalarThatSkipsStagesGoesStraightAcross) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @sizes(%x: f32[B, 4] input, %b: int input) {
+  %n: int = modelpar::sym_mul(%b, 4) {layer="s0", phase=fwd, mb=0}
+  %h: f32[B, 4] = aten::relu(%x) {layer="s0", phase=fwd, mb=0}
+  %h1: f32[B, 4] = aten::relu(%h) {layer="s1", phase=fwd, mb=0}
+  %v: f32[e_4xB] = aten::view(%h1, [%n]) {layer="s2", phase=fwd, mb=0}
+  %w: f32[e_4xB] = aten::view(%h, [%n]) {layer="s2", phase=fwd, mb=0}
+  return %v, %w
+}
+)");
+  RelayedGraph r = relaySkips(g, {0, 0, 1, 2, 2});
+  ir::verify(r.graph);
+  EXPECT_EQ(r.num_copies, 1);  // %h on stage 1; not %n
+  EXPECT_FALSE(r.graph.findValue("n.relay1").has_value());
+  ASSERT_TRUE(r.graph.findValue("h.relay1").has_value());
+  const ir::Node& w = r.graph.node(r.graph.value(*r.graph.findValue("w")).producer);
+  EXPECT_EQ(w.inputs()[0], *r.graph.findValue("h.relay1"));
+  EXPECT_EQ(w.inputs()[1], *r.graph.findValue("n"));
+}
+
 TEST(RelaySkips, RejectsAStageListOfTheWrongSize) {
   ir::Graph g = ir::parseGraph(unetText(1));
   EXPECT_HAS(modelpar::testing::messageOf<ConfigError>([&] { relaySkips(g, {0, 1}); }),
