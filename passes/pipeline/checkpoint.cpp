@@ -57,13 +57,15 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     MP_CHECK(stage_of_node[n] >= 0, ConfigError, "{}: graph @{}: node {} has stage {}", kWho,
              g.name(), g.nodeRef(static_cast<NodeId>(n)), stage_of_node[n]);
     // A model that checkpoints its own activations (torch.utils.checkpoint,
-    // transformers' gradient_checkpointing_enable) brings recompute nodes of
-    // its own: they stay as they are, and only `never` adds none.
+    // transformers' gradient_checkpointing_enable), or AOTAutograd's min-cut
+    // partitioner, brings recompute nodes of its own: they stay as they are,
+    // and only `never` adds none.
     MP_CHECK(nd.phase != Phase::Recompute || options.mode == CheckpointMode::Never, ConfigError,
              "{}: graph @{}: node {} is already a recompute node: the model checkpoints its "
              "own activations (torch.utils.checkpoint, or transformers' "
-             "gradient_checkpointing_enable); checkpoint a graph once: use checkpoint='never', "
-             "or turn the model's checkpointing off", kWho, g.name(),
+             "gradient_checkpointing_enable), or partitioner='min_cut' recomputes part of the "
+             "forward; checkpoint a graph once: use checkpoint='never' (what such a step runs "
+             "when checkpoint is not given), or turn the other recomputation off", kWho, g.name(),
              g.nodeRef(static_cast<NodeId>(n)));
     if (nd.microbatch) last_mb = std::max(last_mb, *nd.microbatch);
   }

@@ -55,7 +55,8 @@ def _pipeline(**kw) -> dict:
     return {"microbatches": 4, **kw}
 
 
-def _loss_inside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.Plan:
+def _loss_inside(name: str, devices: int, batches: list[int], options: dict | None = None,
+                 **pipeline) -> modelpar.Plan:
     """Compiles model + loss (step mode); loss and gradients equal eager for
     each batch size."""
     case = CASES[name]
@@ -66,7 +67,8 @@ def _loss_inside(name: str, devices: int, batches: list[int], **pipeline) -> mod
         return case.loss(model(x), y)
 
     fast = torch.compile(step, backend="modelpar",
-                         options={"strict": True, "devices": devices, "pipeline": _pipeline(**pipeline)})
+                         options={"strict": True, "devices": devices, "pipeline": _pipeline(**pipeline),
+                                  **(options or {})})
     for seed, n in enumerate(batches):
         model.zero_grad()
         eager.zero_grad()
@@ -134,6 +136,20 @@ def test_relayed_skips_over_three_stages_equal_eager(name: str) -> None:
     # relayed as `alias` too and failed at run time as 0-dim tensors.
     plan = _loss_inside(name, 3, [8], schedule="1f1b", microbatches=2, portals=False)
     assert plan.pipeline.num_stages == 3
+
+
+def test_the_min_cut_partitioners_recompute_runs_in_a_pipeline_and_is_not_checkpointed_again() -> None:
+    # partitioner="min_cut" moves cheap forward ops into the backward (phase
+    # recompute), like a model that checkpoints itself: without a checkpoint
+    # key the pipeline adds no checkpointing of its own ...
+    plan = _loss_inside("gpt", 2, [8], {"partitioner": "min_cut"}, schedule="1f1b")
+    assert "phase=recompute" in str(plan.step_graph)
+    torch._dynamo.reset()
+    # ... and a checkpoint mode asked for by name says where the recompute comes from.
+    with pytest.raises(modelpar.ConfigError,
+                       match=r"already a recompute node: .*partitioner='min_cut' recomputes part "
+                             r"of the forward.*checkpoint='never'"):
+        _loss_inside("gpt", 2, [8], {"partitioner": "min_cut"}, checkpoint="except_last")
 
 
 def test_new_batch_sizes_plan_again_and_uneven_microbatches_are_exact() -> None:
