@@ -17,6 +17,9 @@
 //     outputs it makes (or passes through), then the *carried* values: its
 //     node outputs the second part reads (saved activations per micro-batch,
 //     the tangents' partners), each once;
+//   * both: a step input the placement leaves unbound (-1) is bound where
+//     lower() binds it in the whole step, on its first reader in graph order,
+//     so a weight read on two stages has one home in both programs;
 //   * second: the step's inputs its nodes read (same names and roles), then
 //     one `input` per carried value (same name and type) bound on the device
 //     of the node that made it, so nothing moves between the two programs;

@@ -4,7 +4,7 @@ the environment, initialises a Gloo group and runs one scenario; prints
 ``RESULT <json>`` on success and exits 1 with the traceback otherwise.
 
 Scenarios:
-  train CASE STEPS [PIPELINE [release|clip|scaler|trace|meta]]  the test model CASE
+  train CASE STEPS [PIPELINE [release|clip|scaler|trace|meta|outside]]  the test model CASE
       (tests/python/models.py, or "zoo:NAME": a transformers model of
       tests/python/zoo.py, its loss computed inside the model),
       compiled with devices="world" (or a pipeline over the ranks: "gpipe" /
@@ -109,7 +109,9 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     which rank draws them, replayed in the recompute), "trace" (the
     trace option, files in $MODELPAR_TEST_TRACE_DIR), "meta" (built on meta,
     materialized) or "own-cache" (each rank its own profile cache,
-    $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on)."""
+    $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on), or
+    "outside" (the model alone compiled, its loss computed outside: GPipe
+    runs as two programs, the forward's and the backward's)."""
     if extra == "own-cache":
         os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["MODELPAR_TEST_CACHE_ROOT"],
                                                     f"rank{dist.get_rank()}")
@@ -150,7 +152,11 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return case.loss(model, x, y)
 
-    fast = torch.compile(step_fn, backend="modelpar", options=options)
+    if extra == "outside":
+        compiled = torch.compile(model, backend="modelpar", options=options)
+        fast = lambda x, y: case.loss(compiled, x, y)  # noqa: E731
+    else:
+        fast = torch.compile(step_fn, backend="modelpar", options=options)
     materialized = None
     if meta:
         torch.manual_seed(0)

@@ -80,6 +80,38 @@ TEST(SplitPhases, FirstPartRunsForwardWorkOnlyAndCarriesWhatTheSecondReads) {
   }
 }
 
+// A weight the placement leaves unbound (-1) and reads on two devices, its
+// first reader in the backward on another device than in the forward (GPT's
+// tied embedding and head over two stages): both parts bind it where lowering
+// the whole step does, on its first reader in graph order. Each part lowered
+// apart had bound it on its own first reader (device 1, then device 0), and
+// over ranks the backward then read a copy the forward's rank did not own.
+TEST(SplitPhases, AnUnboundInputIsBoundWhereTheWholeStepBindsItInBothParts) {
+  ir::Graph g = ir::parseGraph(R"(
+graph @tied(%x: f32[4, 4] input, %w: f32[4, 4] param) {
+  %h: f32[4, 4] = aten::mm(%x, %w) {layer="s0", phase=fwd}
+  %y: f32[4, 4] = aten::mm(%h, %w) {layer="s1", phase=fwd}
+  %gy: f32[4, 4] = aten::mm(%y, %w) {layer="s1", phase=bwd}
+  %gh: f32[4, 4] = aten::mm(%gy, %w) {layer="s0", phase=bwd}
+  return %y, %gh
+}
+)");
+  Placement p;
+  p.placer = "test";
+  p.num_devices = 2;
+  p.node_device = {1, 0, 0, 1};  // the forward's first reader on 1, the backward's on 0
+  p.order = {{1, 2}, {0, 3}};
+  p.input_device = {-1, -1};
+  PhaseSplit s = splitPhases(g, p);
+  for (const ir::Program* part : {&s.first, &s.second}) {
+    const ir::Graph& pg = part->graph();
+    const ir::Input& w = pg.inputs()[*pg.inputIndex(*pg.findValue("w"))];
+    EXPECT_EQ(w.device.value_or(-1), 1) << pg.name();
+  }
+  ir::Program whole = lower(g, p);
+  EXPECT_EQ(whole.graph().inputs()[1].device.value_or(-1), 1);
+}
+
 TEST(SplitPhases, RefusesAPlacementOfAnotherGraph) {
   PipelinePlan plan = gpipeStep("never");
   Placement wrong = plan.placement;
