@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import os
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -257,8 +258,9 @@ class PipelineStep:
         if self.opts.strategy == "auto":
             search = self._search(batch, machine, values)
             plan = search.pipeline if search.pipeline is not None else search.placement
-            if self.opts.trace is not None:
-                plan.write_trace(_simulated_trace(self.opts.trace))
+            simulated_trace = _simulated_trace(self.opts)
+            if simulated_trace is not None:
+                plan.write_trace(simulated_trace)
         else:
             # Note [A model that checkpoints itself]: its step already holds
             # recompute nodes (torch.utils.checkpoint, transformers'
@@ -276,7 +278,7 @@ class PipelineStep:
                                  memory=self.opts.memory, machine=machine,
                                  loss_reduction=o["loss_reduction"],
                                  allow_random=o["allow_random"], batch_norm=o["batch_norm"],
-                                 trace=_simulated_trace(self.opts.trace))
+                                 trace=_simulated_trace(self.opts))
         if self.mode == "split":
             first, second, _carried = _C.split_phases(plan)
             programs = [first, second]
@@ -532,8 +534,18 @@ def _batch_input(fw_module: torch.fx.GraphModule, static_ok: bool = False,
         + hint)
 
 
-def _simulated_trace(trace: str | None) -> str | None:
-    if trace is None:
+def _simulated_trace(opts: CompileOptions) -> str | None:
+    """Where the plan's simulated trace goes, beside the ``trace`` option's
+    file (``step.json`` -> ``step.simulated.json``), its folder made: None
+    without the option, and on every rank but 0 of a process group (the plan
+    is the same on every rank; plan.py writes it on rank 0 likewise)."""
+    if opts.trace is None:
         return None
+    if opts.world:
+        import torch.distributed as dist
+        if dist.get_rank(opts.process_group) != 0:
+            return None
+    trace = os.fspath(opts.trace)
     stem = trace[:-5] if trace.endswith(".json") else trace
+    os.makedirs(os.path.dirname(os.path.abspath(stem)), exist_ok=True)
     return stem + ".simulated.json"

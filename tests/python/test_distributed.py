@@ -308,7 +308,10 @@ def test_released_parameters_of_other_ranks_are_never_read(schedule: str) -> Non
 @pytest.mark.parametrize("schedule", ["none", "1f1b"])
 def test_trace_over_ranks_writes_one_file_per_rank(schedule: str, tmp_path, monkeypatch) -> None:
     # trace="step.json" over a group: rank r writes step.rankR.json with the
-    # measured spans of its own device only; rank 0 also the simulated plan.
+    # measured spans of its own device only; rank 0 also the simulated plan,
+    # in a folder that does not exist yet (1F1B plans, and wrote the
+    # simulated trace, before any step made the folder: ConfigError).
+    tmp_path = tmp_path / "runs"
     monkeypatch.setenv("MODELPAR_TEST_TRACE_DIR", str(tmp_path))
     results = _all_ok(_launch(2, "train", "mlp", "3", schedule, "trace"))
     for rank, r in enumerate(results):

@@ -233,11 +233,11 @@ def test_auto_with_a_trace_writes_the_chosen_plans_traces(tmp_path, monkeypatch,
     # beside strategy="auto" raised ConfigError ("the report has no timeline").
     if machine == "compute_bound":  # the chosen plan is a pipeline there
         monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
-    trace = tmp_path / "step.json"
+    trace = tmp_path / "runs" / "step.json"  # its folder made by modelpar
     plan = _train("mlp", {"devices": 2, "strategy": "auto", "strict": True,
                           "trace": str(trace)}, None, 1, True)
     assert plan.trace_path == str(trace) and trace.exists()
-    assert plan.simulated_trace_path == str(tmp_path / "step.simulated.json")
+    assert plan.simulated_trace_path == str(tmp_path / "runs" / "step.simulated.json")
     spans = [e for e in json.loads(Path(plan.simulated_trace_path).read_text())["traceEvents"]
              if e.get("ph") == "X"]
     assert spans, "the simulated trace has no spans"
