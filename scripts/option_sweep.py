@@ -9,7 +9,8 @@ Each case draws a model (tests/python/models.py, or "zoo:NAME" from
 tests/python/zoo.py), the loss inside or outside the compiled function, and a
 combination of options (devices, placer / pipeline keys / strategy="auto",
 trace into a folder that does not exist yet, memory, partitioner, strict,
-dump_dir), trains two SGD steps and compares the loss and every gradient
+dump_dir, cuda_graphs; now and then mode="max-autotune" or "reduce-overhead"
+with the options in $MODELPAR_OPTIONS), trains two SGD steps and compares the loss and every gradient
 with eager (relative to the largest; over ranks the gradients are summed
 first: each is on its owner only). A case ends as one of
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import json
 import os
 import random
 import shutil
@@ -92,7 +94,15 @@ def _options(rng: random.Random, world: bool, folder: str) -> dict:
         o["partitioner"] = "min_cut"
     if rng.random() < 0.15:
         o["dump_dir"] = os.path.join(folder, f"dump{rng.randrange(10**6)}")
+    if rng.random() < 0.1:
+        o["cuda_graphs"] = True  # CPU workers: stream replay, and the plan says why
     return o
+
+
+def _mode(rng: random.Random) -> str | None:
+    """torch.compile's mode, given beside no options (torch.compile takes one
+    or the other): the options then come from $MODELPAR_OPTIONS."""
+    return rng.choice([None] * 8 + ["max-autotune", "reduce-overhead"])
 
 
 def _worst(model: torch.nn.Module, eager: torch.nn.Module, world: bool) -> float:
@@ -111,18 +121,22 @@ def _worst(model: torch.nn.Module, eager: torch.nn.Module, world: bool) -> float
     return worst
 
 
-def _case(name: str, inside: bool, options: dict, world: bool) -> float:
+def _case(name: str, inside: bool, options: dict, mode: str | None, world: bool) -> float:
     m = _Model(name)
+    kw: dict = {"options": options}
+    os.environ.pop("MODELPAR_OPTIONS", None)
+    if mode is not None:
+        os.environ["MODELPAR_OPTIONS"] = json.dumps(options)
+        kw = {"mode": mode}
     torch._dynamo.reset()
     modelpar.clear_plans()
     torch.manual_seed(0)
     model = m.make()
     eager = copy.deepcopy(model)
     if inside:
-        fast = torch.compile(lambda x, y: m.step(model, x, y), backend="modelpar",
-                             options=options)
+        fast = torch.compile(lambda x, y: m.step(model, x, y), backend="modelpar", **kw)
     else:
-        compiled = torch.compile(model, backend="modelpar", options=options)
+        compiled = torch.compile(model, backend="modelpar", **kw)
         fast = lambda x, y: m.outside(compiled, x, y)  # noqa: E731
     worst = 0.0
     for step in range(2):
@@ -165,10 +179,12 @@ def main() -> int:
     for i in range(args.count):
         name = rng.choice(names)
         options = _options(rng, world, folder)
+        mode = _mode(rng)
         inside = rng.random() < 0.6
-        label = f"{i} {name} loss {'inside' if inside else 'outside'} {options}"
+        label = (f"{i} {name} loss {'inside' if inside else 'outside'} {options}"
+                 + (f" mode={mode} (options from $MODELPAR_OPTIONS)" if mode else ""))
         try:
-            worst = _case(name, inside, options, world)
+            worst = _case(name, inside, options, mode, world)
             batch_norm = any(isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)
                              for mod in _Model(name).make().modules())
             if worst <= 1e-3:
