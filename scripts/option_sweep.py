@@ -172,7 +172,9 @@ def main() -> int:
         import torch.distributed as dist
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
         rank = dist.get_rank()
-    folder = tempfile.mkdtemp(prefix="option_sweep.")
+    # One folder for every rank (the options, trace paths included, are the same everywhere).
+    run = os.environ.get("TORCHELASTIC_RUN_ID", str(os.getpid()))
+    folder = os.path.join(tempfile.gettempdir(), f"option_sweep.{run}.seed{args.seed}")
     rng = random.Random(args.seed)
     names = args.models.split(",")
     bad = 0
@@ -208,8 +210,8 @@ def main() -> int:
         if world:
             import torch.distributed as dist
             dist.barrier()
-    shutil.rmtree(folder, ignore_errors=True)
     if rank == 0:
+        shutil.rmtree(folder, ignore_errors=True)
         print(f"{args.count} cases, {bad} mismatches or crashes")
     return 1 if bad else 0
 
