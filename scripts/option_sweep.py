@@ -10,8 +10,9 @@ tests/python/zoo.py), the loss inside or outside the compiled function, and a
 combination of options (devices, placer / pipeline keys / strategy="auto",
 trace into a folder that does not exist yet, memory, partitioner, strict,
 dump_dir, cuda_graphs; now and then mode="max-autotune" or "reduce-overhead"
-with the options in $MODELPAR_OPTIONS), trains two SGD steps and compares the loss and every gradient
-with eager (relative to the largest; over ranks the gradients are summed
+with the options in $MODELPAR_OPTIONS), trains three SGD steps (the third at
+another batch size) and evaluates one batch under no_grad, comparing the loss
+and every gradient with eager (relative to the largest; over ranks the gradients are summed
 first: each is on its owner only). A case ends as one of
 
   ok        equal within 1e-3 (placement and micro-batching reorder fp32 sums)
@@ -139,8 +140,8 @@ def _case(name: str, inside: bool, options: dict, mode: str | None, world: bool)
         compiled = torch.compile(model, backend="modelpar", **kw)
         fast = lambda x, y: m.outside(compiled, x, y)  # noqa: E731
     worst = 0.0
-    for step in range(2):
-        x, y = m.batch(step, m.size)
+    for step, size in enumerate([m.size, m.size, m.size + 2]):  # a new batch size plans again
+        x, y = m.batch(step, size)
         loss, want = fast(x, y), m.step(eager, x, y)
         loss.backward()
         want.backward()
@@ -152,6 +153,10 @@ def _case(name: str, inside: bool, options: dict, mode: str | None, world: bool)
                     q -= 0.05 * q.grad
                 p.copy_(q)
                 p.grad = q.grad = None
+    with torch.no_grad():  # evaluation through the same compiled function
+        x, y = m.batch(3, m.size)
+        loss, want = fast(x, y), m.step(eager, x, y)
+        worst = max(worst, abs(float(loss) - float(want)) / max(abs(float(want)), 1e-12))
     return worst
 
 

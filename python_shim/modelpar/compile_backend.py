@@ -306,6 +306,20 @@ def output_homes(gm: torch.fx.GraphModule, kind: GraphKind,
     return homes
 
 
+def _scalar_outputs(gm: torch.fx.GraphModule, output_map: Sequence[int]) -> list[int]:
+    """IR output indices of the graph's scalar outputs (SymInt / SymFloat
+    values, or Python numbers): ``output_map`` maps FX outputs to IR ones."""
+    outs = gm.graph.output_node().args[0]
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+    scalars = []
+    for node, o in zip(outs, output_map):
+        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
+        if o >= 0 and isinstance(val, (torch.SymInt, torch.SymFloat, int, float)) \
+                and not isinstance(val, bool):
+            scalars.append(o)
+    return scalars
+
+
 class _RankStep(_MultiDevice):
     """A graph bound to this rank's RankExecutor (distributed.py). Outputs
     that live on another rank come back as None; in a forward
@@ -580,7 +594,8 @@ class _Capture:
             if kind is not GraphKind.BACKWARD:
                 placement = keep_homes(placement, self.plan_key(),
                                        training=kind is GraphKind.FORWARD)
-            return placement, self.on_ranks(placement.program, kind, imported)
+            return placement, self.on_ranks(placement.program, kind, imported,
+                                            _scalar_outputs(gm, imported.output_map))
         ex = Executor(placement.program, device_map=self.opts.executor_device_map, threads_per_device=1,
                       record_trace=self.opts.trace is not None,
                       replay="graphs" if self.opts.cuda_graphs else "streams")
@@ -595,12 +610,16 @@ class _Capture:
         inference graphs)."""
         return (self.plan.filename, self.plan.function, self.plan.line)
 
-    def on_ranks(self, program: Any, kind: GraphKind, imported: Any) -> Any:
+    def on_ranks(self, program: Any, kind: GraphKind, imported: Any,
+                 scalars: Sequence[int] = ()) -> Any:
         """``program`` bound to this rank's RankExecutor (distributed.py),
         after every rank has checked it planned the same program. Every
         rank gets the forward's user-visible outputs (the loss), which their
-        holder broadcasts; saved activations and gradients stay where the
-        plan put them.
+        holder broadcasts, and its scalar outputs (``scalars``, IR output
+        indices: a size saved for the backward, which AOTAutograd checks is
+        an int on every rank, where a tensor saved elsewhere may be a
+        placeholder); saved activations and gradients stay where the plan put
+        them.
 
         Raises:
             ConfigError: the ranks planned differently.
@@ -611,7 +630,8 @@ class _Capture:
         if kind is GraphKind.BACKWARD:
             replicated: list[int] = []
         elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:
-            replicated = sorted({o for o in imported.output_map[:self.num_fwd_outputs] if o >= 0})
+            replicated = sorted({o for o in imported.output_map[:self.num_fwd_outputs] if o >= 0}
+                                | set(scalars))
         else:  # inference, or a forward planned alone: every output
             replicated = list(range(len(program.graph.output_names)))
         ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
