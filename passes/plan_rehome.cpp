@@ -29,6 +29,15 @@ Plan rehome(Plan plan, const InputHomes& homes) {
   auto start = std::chrono::steady_clock::now();
   const int64_t before = transfers(plan.program);
   plan.program = rehomeInputs(plan.program, homes);
+  // The placement says so too, so that what is lowered from it again (a
+  // pipeline's two phases, split_phases.h) binds the inputs where this
+  // program does. rehomeInputs has checked every name and device.
+  const ir::Graph& g = plan.program.graph();
+  plan.placement.input_device.resize(g.inputs().size(), -1);
+  for (const auto& [name, device] : homes) {
+    auto index = g.inputIndex(*g.findValue(name));
+    plan.placement.input_device[*index] = device;
+  }
   PassStats moved;
   moved.pass = std::string(kRehomeInputsPassId);
   moved.seconds = secondsSince(start);

@@ -279,20 +279,23 @@ class PipelineStep:
                                  loss_reduction=o["loss_reduction"],
                                  allow_random=o["allow_random"], batch_norm=o["batch_norm"],
                                  trace=_simulated_trace(self.opts))
+        if self.opts.world:
+            # Note [One home per parameter] (distributed.py): a parameter
+            # keeps the rank of the first training plan; a graph that does
+            # not train, or a training step planned for another batch size
+            # (strategy="auto" may choose another plan there), binds it there
+            # and sends it to where it is read, and on_ranks sends its
+            # gradient back there. The plan's placement says so, so the two
+            # phases split from it below bind it there too.
+            from .distributed import keep_homes
+            plan = keep_homes(plan, (self.record.filename, self.record.function, self.record.line),
+                              training=self.graph_kind == "training", gradients_go_home=True)
         if self.mode == "split":
             first, second, _carried = _C.split_phases(plan)
             programs = [first, second]
         else:
             programs = [plan.program]
         if self.opts.world:
-            # Note [One home per parameter] (distributed.py): only a graph
-            # that does not train moves inputs, and it runs in step mode, as
-            # the plan's one program.
-            from .distributed import keep_homes
-            plan = keep_homes(plan, (self.record.filename, self.record.function, self.record.line),
-                              training=self.graph_kind == "training", program=programs[0])
-            if self.mode != "split":
-                programs = [plan.program]
             self.built_programs = programs
             executors = [self.on_ranks(p, k, batch) for k, p in enumerate(programs)]
         else:

@@ -188,29 +188,31 @@ def check_backend(group: Any, example_inputs: Sequence[Any]) -> str:
 _homes: dict[Any, dict[str, int]] = {}
 
 
-def keep_homes(plan: Any, key: Any, training: bool, program: Any = None) -> Any:
+def keep_homes(plan: Any, key: Any, training: bool, gradients_go_home: bool = False) -> Any:
     """The plan to run for ``plan`` (a PlacementPlan or PipelinePlan of the
-    user function ``key``; ``program``: the one of its programs that binds
-    the forward's inputs, its own by default). A training step's records
-    where that program binds each parameter and buffer (its home) and is
-    returned as it is; any other graph (an inference graph under no_grad,
-    planned apart) is returned with every parameter and buffer it binds
-    elsewhere moved home and sent from there, and its step simulated again
-    with those transfers (passes/plan_rehome.h; Note [One home per
-    parameter]). Every rank holds the same plan (check_same_plan) and the
-    same homes, so every rank rewrites alike."""
-    program = plan.program if program is None else program
-    graph = program.graph
-    places = zip(graph.input_names, _C.graph_input_roles(graph), _C.input_devices(program))
+    user function ``key``). A training step records where its program binds
+    each parameter and buffer (its home) and is returned as it is; any other
+    graph (an inference graph under no_grad, planned apart) is returned with
+    every parameter and buffer it binds elsewhere moved home and sent from
+    there, and its step simulated again with those transfers
+    (passes/plan_rehome.h; Note [One home per parameter]). With
+    ``gradients_go_home`` (a whole step whose executors send each gradient to
+    the rank that binds its parameter: compile_pipeline.py) a training step
+    planned for another batch size moves what already has a home there too,
+    and records homes only for the rest. Every rank holds the same plan
+    (check_same_plan) and the same homes, so every rank rewrites alike."""
+    graph = plan.program.graph
+    places = zip(graph.input_names, _C.graph_input_roles(graph), _C.input_devices(plan.program))
     homes = _homes.setdefault(key, {})
     moves = []
     for name, role, device in places:
         if role == "input":
             continue
-        if training:
+        home = homes.get(name)
+        if training and (home is None or not gradients_go_home):
             homes[name] = device
-        elif homes.get(name, device) != device:
-            moves.append((name, homes[name]))
+        elif home is not None and home != device:
+            moves.append((name, home))
     return plan.with_inputs_at_home(moves) if moves else plan
 
 

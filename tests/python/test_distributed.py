@@ -122,7 +122,53 @@ def test_training_over_ranks_equals_eager(world: int, case: str) -> None:
     assert sorted(shards) == sorted(model.state_dict())
 
 
-@pytest.mark.parametrize("case,schedule", [("gpt", "gpipe"), ("gpt", "none"), ("mlp", "none")])
+def test_a_training_step_planned_again_keeps_the_first_plans_homes() -> None:
+    # strategy="auto" searches again at each batch size and may choose another
+    # plan, which binds a parameter on another rank than the first training
+    # step (whose optimizer updates it there); the rank executor refused that
+    # run. keep_homes(gradients_go_home=True) binds each parameter at its home
+    # and sends it to its readers; the placement says so too, so the two
+    # phases split from the plan bind it there as well. Two partitions of the
+    # skip step over 3 devices stand for the two batch sizes' plans.
+    from modelpar import _C
+    from modelpar.distributed import keep_homes
+    g = modelpar.load_graph(Path(__file__).resolve().parents[2] / "examples/ir/skip_step_symbolic.txt")
+
+    def planned(partition: str):
+        return modelpar.plan_pipeline(g, devices=3, microbatches=2, batch_size=16,
+                                      schedule="gpipe", partition=partition, checkpoint="never")
+
+    def params(program) -> dict[str, int]:
+        graph = program.graph
+        return {n: d for n, r, d in zip(graph.input_names, _C.graph_input_roles(graph),
+                                        _C.input_devices(program)) if r != "input"}
+
+    key = ("test_distributed.py", "keeps_the_first_plans_homes", 0)
+    first, second = planned("balance-time"), planned("balance-size")
+    homes = params(first.program)
+    assert params(second.program) != homes  # the case: another plan binds elsewhere
+    assert keep_homes(first, key, training=True, gradients_go_home=True) is first
+    moved = keep_homes(second, key, training=True, gradients_go_home=True)
+    assert params(moved.program) == homes
+    assert "rehome-inputs" in str(moved)
+    fw, bw, _carried = _C.split_phases(moved)
+    for part in (fw, bw):
+        got = params(part)
+        assert got == {n: homes[n] for n in got}, (got, homes)
+    # The moved plan computes what the first one does.
+    from modelpar.planning import example_inputs
+    inputs = example_inputs(first.program.graph, {"B": 16})
+    want = modelpar.Executor(first.program, device_map="cpu-workers").run(inputs)
+    got = modelpar.Executor(moved.program, device_map="cpu-workers").run(inputs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)  # same ops, other devices
+    # A graph that does not train moves what has a home, as before.
+    inference = keep_homes(second, key, training=False)
+    assert params(inference.program) == homes
+
+
+@pytest.mark.parametrize("case,schedule", [("gpt", "gpipe"), ("gpt", "none"), ("mlp", "none"),
+                                           ("gpt", "auto")])
 def test_the_model_compiled_alone_trains_over_ranks_like_eager(case: str, schedule: str) -> None:
     # The loss computed outside the compiled model: GPipe runs as two programs
     # (the forward's, then the backward's), which bound GPT's tied embedding
