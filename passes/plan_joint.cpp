@@ -211,6 +211,10 @@ JointPlan planJoint(const ir::Graph& fw, const ir::Graph& bw, const JointPlanOpt
       for (const ir::Input& in : joint_inputs) fixed.input_device.push_back(in.device.value_or(-1));
       PlacementOptions again = o;
       again.placement = std::move(fixed);
+      // The fixed placement honours the pins already; applying pinned_layers
+      // again would move a gradient's producer back from its parameter's
+      // device (pinned_inputs) to its layer's.
+      again.pinned_layers.clear();
       PlacementPlan replanned = planPlacement(g, again);
       replanned.units = std::move(joint.units);  // the placer's units, for the report
       joint = std::move(replanned);

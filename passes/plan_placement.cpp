@@ -315,6 +315,16 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
                              moved == 1 ? "" : "s");
     moved_after_placer += moved;
   }
+  for (const auto& [name, dev] : o.pinned_inputs) {  // PlacementOptions::pinned_inputs
+    MP_CHECK(dev >= 0 && dev < placement.num_devices, ConfigError,
+             "modelpar {}: pinned input '{}' -> device {} is not valid; devices are 0..{}",
+             kPlanPlacementId, name, dev, placement.num_devices - 1);
+    std::optional<ir::ValueId> v = g.findValue(name);
+    std::optional<size_t> i = v ? g.inputIndex(*v) : std::nullopt;
+    if (!i) continue;
+    placement.input_device.resize(g.inputs().size(), -1);
+    placement.input_device[*i] = dev;
+  }
   if (int64_t writes = pinInputWrites(g, placement); writes > 0) {
     moved_after_placer += writes;
     ps.detail += fmt::format("; {} in-place write{} to inputs moved to the inputs' devices", writes,

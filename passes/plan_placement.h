@@ -73,6 +73,12 @@ struct PlacementOptions : PassRunnerOptions {
   /// device; the placer's makespan estimate is then stale, the
   /// simulation is not. Devices out of range are a ConfigError.
   std::vector<std::pair<std::string, int>> pinned_layers;
+  /// Graph input name -> device: the input is bound there (after
+  /// pinned_layers, whatever its first reader; names this graph does not
+  /// have as inputs are skipped). How a training step compiled again over
+  /// ranks keeps each parameter on the rank whose optimizer owns it (planJoint
+  /// then puts its gradient there too). Devices out of range are a ConfigError.
+  std::vector<std::pair<std::string, int>> pinned_inputs;
   /// A fixed placement to lower and simulate instead of placing: when set,
   /// coarsen and the placer are skipped (units: one per node) and this
   /// placement, checked against the graph (checkPlacement) and the machine's

@@ -77,9 +77,13 @@ std::tuple<passes::PlacementPlan, passes::PlacementPlan, passes::PlacementPlan, 
     const std::vector<std::pair<int, int>>& gradients, std::optional<int> devices,
     std::vector<int64_t> memory, std::string placer, std::optional<std::string> machine,
     bool coarsen, std::optional<std::string> dump_dir, double lp_time_limit_s,
-    const std::map<std::string, int64_t>& symbol_sizes) {
+    const std::map<std::string, int64_t>& symbol_sizes,
+    std::vector<std::pair<std::string, int>> pinned_layers,
+    std::vector<std::pair<std::string, int>> pinned_inputs) {
   passes::PlacementOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
-                                      std::move(dump_dir), lp_time_limit_s, {});
+                                      std::move(dump_dir), lp_time_limit_s,
+                                      std::move(pinned_layers));
+  o.pinned_inputs = std::move(pinned_inputs);
   // The sizes of this call: costs and memory at the batch being planned, not
   // at CostOptions::default_symbol_size.
   o.cost_options.symbol_sizes.insert(symbol_sizes.begin(), symbol_sizes.end());
@@ -292,6 +296,8 @@ void bindPlacement(py::module_& m) {
         py::arg("tangents"), py::arg("gradients"), py::arg("devices"), py::arg("memory"), py::arg("placer"),
         py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"), py::arg("lp_time_limit_s"),
         py::arg("symbol_sizes") = std::map<std::string, int64_t>{},
+        py::arg("pinned_layers") = std::vector<std::pair<std::string, int>>{},
+        py::arg("pinned_inputs") = std::vector<std::pair<std::string, int>>{},
         "passes::planJoint: forward and backward planned as one, split into one plan each; "
         "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
   m.def("join_step", &joinStep, py::arg("forward"), py::arg("backward"), py::arg("saved"),

@@ -443,6 +443,7 @@ class _Capture:
             ConfigError: a bad option (pipeline: 1F1B with the loss outside,
                 a static batch dimension).
         """
+        from .distributed import homes_of
         from .planning import plan_joint
         name = self.plan.name
         self.num_fwd_outputs = num_fwd_outputs
@@ -509,7 +510,14 @@ class _Capture:
             machine=machine_for_options(self.opts),
             dump_dir=self.opts.dump_dir or "",
             # Costs and memory at this call's sizes, not at 1 per symbol.
-            symbol_sizes=symbol_sizes(fw_module, bw_module))
+            symbol_sizes=symbol_sizes(fw_module, bw_module),
+            # Note [One home per parameter] (distributed.py): a training step
+            # compiled again (Dynamo's recompile at a new batch size, with a
+            # dynamic batch) keeps the layers of the function's earlier ones
+            # and binds each parameter on the rank whose optimizer owns it
+            # (its gradient made there), whatever reads it first now.
+            pinned_layers=_world_layers.get(self.plan_key()) if self.opts.world else None,
+            pinned_inputs=homes_of(self.plan_key()) if self.opts.world else None)
         self.joint = _JointPlans({"forward": fw.text, "backward": bw.text},
                                  {"forward": fw_plan, "backward": bw_plan}, joint,
                                  (moved_layer, moved_param))

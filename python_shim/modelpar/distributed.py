@@ -41,7 +41,7 @@ from . import _C
 from .errors import ConfigError, ExecutionError, PeerError
 from .executor import outside_dispatch_modes
 
-__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "keep_homes",
+__all__ = ["WORLD", "group_of", "check_same_plan", "check_backend", "homes_of", "keep_homes",
            "RankExecutor", "release_unowned", "read_here", "Planned"]
 
 #: The ``devices`` value that means "one device per rank of the group".
@@ -186,6 +186,12 @@ def check_backend(group: Any, example_inputs: Sequence[Any]) -> str:
 # (user function) -> parameter or buffer input name -> the rank the training
 # step binds it on (Note [One home per parameter]).
 _homes: dict[Any, dict[str, int]] = {}
+
+
+def homes_of(key: Any) -> dict[str, int]:
+    """Parameter / buffer input name -> the rank that binds it, as the
+    training steps of the user function ``key`` recorded (keep_homes)."""
+    return dict(_homes.get(key, {}))
 
 
 def keep_homes(plan: Any, key: Any, training: bool, gradients_go_home: bool = False) -> Any:

@@ -162,7 +162,9 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                machine: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
                dump_dir: str | os.PathLike[str] | None = None,
                lp_time_limit_s: float = 20.0,
-               symbol_sizes: dict[str, int] | None = None) -> tuple[Any, Any, Any, int, int]:
+               symbol_sizes: dict[str, int] | None = None,
+               pinned_layers: dict[str, int] | None = None,
+               pinned_inputs: dict[str, int] | None = None) -> tuple[Any, Any, Any, int, int]:
     """Plans a training step's forward and backward graphs as one
     (passes/plan_joint.h): joins them (``saved``: ``(backward input, forward
     value)`` name pairs; ``tangents``: ``(backward input, forward output)``
@@ -175,6 +177,9 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
     graph; saved values are bound on the device that produced them.
     ``symbol_sizes`` gives symbolic dimensions their sizes for the cost model
     (``{"s0": 64}``; others count as 1): torch.compile passes the call's.
+    ``pinned_layers``: layer -> device, as for ``plan_graph``;
+    ``pinned_inputs``: forward input name -> the device it is bound on (its
+    gradient is made there too).
 
     Returns:
         ``(joint, forward, backward, moved_to_layer_device,
@@ -194,7 +199,9 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                          [(str(b), str(f)) for b, f in tangents], [(int(o), int(i)) for o, i in gradients], devices, _memory_list(memory),
                          placer, None if machine is None else os.fspath(machine), bool(coarsen),
                          None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
-                         dict(symbol_sizes or {}))
+                         dict(symbol_sizes or {}),
+                         [(str(k), int(v)) for k, v in (pinned_layers or {}).items()],
+                         [(str(k), int(v)) for k, v in (pinned_inputs or {}).items()])
 
 
 _DTYPES = {"bool": torch.bool, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,

@@ -177,6 +177,27 @@ TEST(PlanJoint, GradientProducersMoveToTheirParametersDeviceAndTheJointIsReplann
   EXPECT_NO_THROW(ir::verify(jp.backward.program));
 }
 
+// A training step compiled again over ranks keeps each parameter where the
+// first one bound it (PlacementOptions::pinned_inputs): w1 pinned away from
+// its reader l1 is bound there, and its gradient made there.
+TEST(PlanJoint, PinnedParametersKeepTheirDeviceAndTheirGradientsFollow) {
+  ir::Graph fw = ir::parseGraph(kForward), bw = ir::parseGraph(kBackward);
+  JointPlanOptions jo{kSaved, kTangents, {{0, 1}, {1, 2}}};  // d w1, d w2
+  JointPlan free = planJoint(fw, bw, jo, twoDevices());
+  const int l1 = nodeDevice(free.forward, "a");
+  ASSERT_EQ(inputDevice(free.forward, "w1"), l1);
+  PlacementOptions o = twoDevices();
+  o.pinned_layers = {{"l1", l1}, {"l2", 1 - l1}};
+  o.pinned_inputs = {{"w1", 1 - l1}};
+  JointPlan jp = planJoint(fw, bw, jo, o);
+  EXPECT_EQ(inputDevice(jp.forward, "w1"), 1 - l1);
+  EXPECT_EQ(nodeDevice(jp.forward, "a"), l1);          // l1 still runs where it was pinned
+  EXPECT_EQ(nodeDevice(jp.backward, "ga"), 1 - l1);    // w1's gradient at w1's device
+  EXPECT_EQ(jp.moved_to_parameter_device, 1);
+  EXPECT_NO_THROW(ir::verify(jp.forward.program));
+  EXPECT_NO_THROW(ir::verify(jp.backward.program));
+}
+
 TEST(PlanJoint, PlanFromAFixedPlacementLowersItAndChecksMemory) {
   ir::Graph fw = ir::parseGraph(kForward);
   Placement p;

@@ -73,6 +73,26 @@ TEST(PlanPlacement, PinnedLayersRunOnTheirDevicesWhateverThePlacerChose) {
   EXPECT_THROW(planPlacement(g, bad), ConfigError);
 }
 
+// A pinned input is bound on its device whatever reads it first (the diamond's
+// %x is read by a, pinned to device 0 here): one more transfer, x to device 0.
+TEST(PlanPlacement, PinnedInputsAreBoundOnTheirDevices) {
+  ir::Graph g = ir::parseGraph(kDiamond);
+  PlacementOptions o = twoDevices();
+  o.pinned_layers = {{"a", 0}, {"b", 0}, {"c", 1}, {"d", 1}};
+  PlacementPlan free = planPlacement(g, o);
+  EXPECT_EQ(free.program.graph().inputs()[0].device.value_or(-1), 0);  // its first reader's
+  o.pinned_inputs = {{"x", 1}, {"not_an_input", 0}};  // names the graph lacks are skipped
+  PlacementPlan pinned = planPlacement(g, o);
+  EXPECT_EQ(pinned.program.graph().inputs()[0].device.value_or(-1), 1);
+  EXPECT_EQ(pinned.placement.node_device, free.placement.node_device);
+  EXPECT_EQ(pinned.simulation.num_transfers, free.simulation.num_transfers + 1);
+  EXPECT_NO_THROW(ir::verify(pinned.program));
+  PlacementOptions bad = twoDevices();
+  bad.pinned_inputs = {{"x", 2}};
+  EXPECT_HAS(modelpar::testing::messageOf<ConfigError>([&] { planPlacement(g, bad); }),
+             "pinned input 'x' -> device 2 is not valid; devices are 0..1");
+}
+
 // Pinning moves nodes after the placer checked memory; when that overfills a
 // device the plan does not fit. Found by tests/python/test_fuzz_plans.py
 // (seed 100730): it was an InternalError "simulated peak memory 264 B on
