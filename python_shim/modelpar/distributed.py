@@ -469,7 +469,14 @@ def release_unowned(module: torch.nn.Module, *, poison: bool = False) -> int:
 # are the same): that rank sends it, first thing in the step, to the rank
 # that computes with it (passes/lower/rehome_inputs.h), and the plan that
 # plans() reports is simulated again with those transfers
-# (passes/plan_rehome.h). As a safety net the
+# (passes/plan_rehome.h). Training steps planned again keep the homes too:
+# a pipelined or searched step at a new batch size (strategy="auto" may
+# choose another plan there) is moved the same way, its gradients sent home
+# by the rank executor (keep_homes' gradients_go_home, compile_pipeline.py),
+# and a training step Dynamo compiles again (a dynamic batch at the second
+# size) is planned with the earlier plan's layers and homes pinned
+# (plan_joint's pinned_layers / pinned_inputs, compile_backend.py), its
+# gradients made at home. As a safety net the
 # rank executor's wrapper also remembers where each parameter tensor was
 # bound by a training graph and refuses a run that binds it elsewhere (a
 # graph of another torch.compile of the model, whose training homes are not
