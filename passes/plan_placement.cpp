@@ -126,24 +126,17 @@ std::string simulationText(const ir::Program& p, const SimulationReport& r) {
 // %new)`. A device other than the input's home works on a received copy, so
 // the write would be lost: every in-place node whose first argument is a
 // graph input, or a view of one (writtenInput), runs on that input's device (its
-// input_device, else its first reader's, lowering's rule), which is then
+// boundInputDevices: input_device, else its first reader's), which is then
 // fixed in the placement. Returns the number of nodes moved; orders are
 // rebuilt in graph order when any moved.
 int64_t pinInputWrites(const ir::Graph& g, Placement& p) {
-  std::vector<int32_t> home(g.inputs().size(), -1);
-  for (size_t i = 0; i < home.size() && i < p.input_device.size(); ++i) home[i] = p.input_device[i];
-  for (size_t n = 0; n < g.numNodes(); ++n) {
-    for (ir::ValueId v : g.node(static_cast<ir::NodeId>(n)).inputs()) {
-      std::optional<size_t> i = g.inputIndex(v);
-      if (i && home[*i] < 0) home[*i] = p.node_device[n];
-    }
-  }
+  const std::vector<int32_t> home = boundInputDevices(g, p);
   int64_t moved = 0;
   const std::vector<ir::ValueId> roots = storageRoots(g);
   for (size_t n = 0; n < g.numNodes(); ++n) {
     const ir::ValueId input = writtenInput(g, g.node(static_cast<ir::NodeId>(n)), roots);
     std::optional<size_t> i = input == ir::kNoId ? std::nullopt : g.inputIndex(input);
-    if (!i || home[*i] < 0 || p.node_device[n] == home[*i]) continue;
+    if (!i || p.node_device[n] == home[*i]) continue;
     p.node_device[n] = home[*i];
     ++moved;
   }

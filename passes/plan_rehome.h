@@ -9,9 +9,9 @@
 // its step counts the transfers the move adds, its peak memory the copies
 // they leave where the inputs are read (parameters themselves are counted by
 // the `persist` bytes of the nodes that use them: Note [Memory model]). The plan's placement, units and stage map are those
-// of its nodes, which do not move, but the placement binds the moved inputs at
-// their homes (so a pipeline's phases split from it bind them there too); two rows are added to its statistics,
-// `rehome-inputs` and `simulate`. No memory check: a moved parameter is
+// of its nodes, which do not move, but the placement binds the moved inputs
+// at their homes (so a pipeline's phases split from it bind them there too);
+// two rows are added to its statistics, `rehome-inputs` and `simulate`. No memory check: a moved parameter is
 // already held by its home (the training step binds it there).
 //
 // Errors: those of rehomeInputs (ConfigError naming an input that is not a

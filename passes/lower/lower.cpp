@@ -34,20 +34,11 @@ ir::Program lower(const ir::Graph& g, const Placement& placement, const LowerOpt
     pg.node(static_cast<ir::NodeId>(n)).device = d;
     for (ir::ValueId o : g.nodes()[n].outputs) home[static_cast<size_t>(o)] = d;
   }
-  std::vector<ir::ValueId> ins;
-  for (size_t n = 0; n < g.numNodes(); ++n) {  // first reader in graph order
-    distinctInputs(g.nodes()[n], ins);
-    for (ir::ValueId v : ins) {
-      if (home[static_cast<size_t>(v)] < 0) home[static_cast<size_t>(v)] = placement.node_device[n];
-    }
-  }
+  const std::vector<int32_t> bound = boundInputDevices(g, placement);
   for (size_t i = 0; i < pg.inputs().size(); ++i) {
     ir::Input& in = pg.inputs()[i];
-    auto v = static_cast<size_t>(in.value);
-    int d = i < placement.input_device.size() ? placement.input_device[i] : -1;
-    if (d < 0) d = home[v] >= 0 ? home[v] : 0;
-    home[v] = d;
-    in.device = d;
+    home[static_cast<size_t>(in.value)] = bound[i];
+    in.device = bound[i];
   }
 
   // 2. Destinations: devices other than the home that read each value.
@@ -70,6 +61,7 @@ ir::Program lower(const ir::Graph& g, const Placement& placement, const LowerOpt
   ir::Program p(std::move(pg), nd);
   for (const ir::Input& in : p.graph().inputs()) sendAll(p, *in.device, in.value);
   std::vector<uint64_t> present(nv, 0);
+  std::vector<ir::ValueId> ins;
   for (int d = 0; d < nd; ++d) {
     for (ir::NodeId n : placement.order[static_cast<size_t>(d)]) {
       const ir::Node& node = g.node(n);

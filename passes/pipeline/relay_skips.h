@@ -17,8 +17,9 @@
 //     a reader on r reads the copy on r+1.
 // Other crossings (a forward value read by a backward node on a much earlier
 // stage) stay direct, and so do scalars (a micro-batch's size, `int`): the
-// relay forwards activations, and `alias` of an int is a 0-dim tensor. A copy is `%<v>.relay<stage> = aten::alias(...)` with
-// v's layer, phase and mb and cost {time_us=0, out=0, temp=0, persist=0}:
+// relay forwards activations, and `alias` of an int is a 0-dim tensor. A copy
+// is `%<v>.relay<stage> = aten::alias(...)` with v's layer, phase and mb and
+// cost {time_us=0, out=0, temp=0, persist=0}:
 // `alias` is a view, so an intermediate stage holds the received copy only
 // (as torchgpipe's pass-through layer does), and the interpreter runs it as
 // ATen's alias. Copies follow their value in graph order.

@@ -83,25 +83,16 @@ PhaseSplit splitPhases(const ir::Graph& g, const Placement& p, const LowerOption
   std::vector<bool> first(nn);
   for (size_t i = 0; i < nn; ++i) first[i] = !second[i];
 
-  // A graph input the placement leaves unbound (-1) is bound where lower()
-  // binds it in the whole step: on its first reader in graph order (else 0).
-  // Each part lowered apart would pick its own first reader, and a parameter
-  // read on two stages (GPT's tied embedding and head) was bound on one device
-  // in the forward part and another in the backward part: over ranks, the
-  // second program read a copy the first program's rank did not update.
-  std::vector<int32_t> first_reader(g.numValues(), -1);
-  for (size_t i = 0; i < nn; ++i) {
-    for (ir::ValueId v : g.nodes()[i].inputs()) {
-      if (first_reader[static_cast<size_t>(v)] < 0) first_reader[static_cast<size_t>(v)] = p.node_device[i];
-    }
-  }
+  // A graph input is bound where lower() binds it in the whole step
+  // (boundInputDevices), in both parts: each part lowered apart would bind
+  // an input the placement leaves free on its own first reader, and a
+  // parameter read on two stages (GPT's tied embedding and head) was bound on
+  // one device in the forward part and another in the backward part: over
+  // ranks, the second program read a copy the first program's rank did not
+  // update.
+  const std::vector<int32_t> bound = boundInputDevices(g, p);
   auto input_device = [&](ir::ValueId v) -> int32_t {
-    auto idx = g.inputIndex(v);
-    if (idx) {
-      int32_t d = *idx < p.input_device.size() ? p.input_device[*idx] : -1;
-      if (d < 0) d = std::max(first_reader[static_cast<size_t>(v)], 0);
-      return d;
-    }
+    if (auto idx = g.inputIndex(v)) return bound[*idx];
     return p.node_device[static_cast<size_t>(g.value(v).producer)];
   };
   auto isOutput = [&](ir::ValueId v) {

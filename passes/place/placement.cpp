@@ -50,4 +50,21 @@ void checkPlacement(const ir::Graph& g, const Placement& p) {
   }
 }
 
+std::vector<int32_t> boundInputDevices(const ir::Graph& g, const Placement& p) {
+  std::vector<int32_t> first_reader(g.numValues(), -1);
+  for (size_t n = 0; n < g.numNodes(); ++n) {
+    for (ir::ValueId v : g.nodes()[n].inputs()) {
+      int32_t& d = first_reader[static_cast<size_t>(v)];
+      if (d < 0) d = p.node_device[n];
+    }
+  }
+  std::vector<int32_t> out(g.inputs().size(), 0);
+  for (size_t i = 0; i < out.size(); ++i) {
+    int32_t d = i < p.input_device.size() ? p.input_device[i] : -1;
+    if (d < 0) d = first_reader[static_cast<size_t>(g.inputs()[i].value)];
+    out[i] = d < 0 ? 0 : d;
+  }
+  return out;
+}
+
 }  // namespace modelpar::passes

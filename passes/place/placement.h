@@ -39,4 +39,11 @@ struct Placement {
 /// device's order, or a device's order runs a node before one it depends on.
 void checkPlacement(const ir::Graph& g, const Placement& p);
 
+/// Per index into g.inputs(): the device the input is bound on when p is
+/// lowered (lower.h): p.input_device where set (>= 0), else the device of
+/// its first reader in graph order, else 0. The one rule for it: lowering,
+/// the phases split from a pipeline (split_phases.h) and the in-place writes
+/// to inputs (plan_placement.cpp) all follow it.
+std::vector<int32_t> boundInputDevices(const ir::Graph& g, const Placement& p);
+
 }  // namespace modelpar::passes
