@@ -5,7 +5,8 @@ about 1x, so this checks correctness and overhead, not a speed-up.
 The model is a stack of wide linear layers (--width, --layers) at batch
 --batch; the step is loss + backward through torch.compile(backend=
 "modelpar") with device_map="cuda:0": devices=1 (one logical device), and
-devices=2 with a 1F1B pipeline of --microbatches micro-batches; eager
+devices=2 with a 1F1B pipeline of --microbatches micro-batches (with the
+default checkpointing and without), devices=2 with strategy="auto"; eager
 PyTorch for reference. Times are per step with CUDA events (median of
 --repeats rounds of --steps steps); the loss of the last step is printed so
 that runs can be compared.
@@ -90,9 +91,18 @@ def main() -> int:
         (f"modelpar, 2 logical devices, 1F1B x{args.microbatches}",
          {"devices": 2, "device_map": "cuda:0",
           "pipeline": {"microbatches": args.microbatches, "schedule": "1f1b"}}),
+        (f"modelpar, 2 logical devices, 1F1B x{args.microbatches}, checkpoint never",
+         {"devices": 2, "device_map": "cuda:0",
+          "pipeline": {"microbatches": args.microbatches, "schedule": "1f1b", "checkpoint": "never"}}),
+        ("modelpar, 2 logical devices, strategy auto", {"devices": 2, "device_map": "cuda:0",
+                                                        "strategy": "auto"}),
     ]:
         torch._dynamo.reset()
         ms, loss = step_ms(stepper(make(), options), args.steps, args.repeats)
+        if options is not None and options.get("strategy") == "auto":
+            import modelpar
+            chosen = [c for c in modelpar.plans()[-1].candidates if c["chosen"]][0]
+            name += f" (chose: {chosen['label']})"
         rows.append((name, ms, loss))
     flops = 3 * 2 * args.batch * args.width * args.width * args.layers  # fwd + 2x bwd
     print(f"{args.layers} x Linear({args.width}, {args.width}) + ReLU, batch {args.batch}, fp32 "

@@ -19,6 +19,9 @@
 #        py        tests/python/test_cuda.py and the CUDA tests of test_executor.py
 #                  (torch.compile training on 2 and 4 logical devices of cuda:0,
 #                  m-ETF and 1F1B, stream and graph replay, against eager)
+#        zoo       test_cuda.py's real models (tests/python/zoo.py) on 2 logical
+#                  devices of cuda:0: m-ETF, GPipe, 1F1B, strategy="auto"
+#                  (pytest-xdist, GPU_CHECK_ZOO_WORKERS processes, default 6)
 #        bench     bench/cuda_graph_step.py (graph vs stream replay vs eager vs
 #                  cudagraphs, with the profiler's kernel-time sum) and
 #                  bench/cuda_pipeline_step.py (a compute-bound model pipelined on
@@ -30,7 +33,7 @@
 #      Logs go to $OUT (at most 8 files come back: one per step) or to
 #      build-gpu/logs without $OUT. Exit status: non-zero if any step failed.
 #
-# Environment: GPU_CHECK_STEPS (default "cpp py bench sanitize gloo"), CUDA_ARCH
+# Environment: GPU_CHECK_STEPS (default "cpp py zoo bench sanitize gloo"), CUDA_ARCH
 # (default 9.0: H100/H200), MODELPAR_JOBS (default all cores),
 # GPU_CHECK_TARGETS (what to build, default "modelpar_runtime_tests _C"),
 # GPU_CHECK_FILTER (gtest filter, default 'Cuda*'), GPU_CHECK_PYTEST (extra
@@ -78,7 +81,7 @@ so="$(ldconfig -p | awk '$1 ~ /^libz[.]so[.]1/ && /x86-64/ {print $NF; exit}')"
 export LD_LIBRARY_PATH="$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" LIBRARY_PATH="$libdir"
 export PKG_CONFIG_SYSROOT_DIR="$prefix" PKG_CONFIG_LIBDIR="$libdir/pkgconfig:$prefix/usr/share/pkgconfig"
 
-steps="${GPU_CHECK_STEPS:-cpp py bench sanitize gloo}"
+steps="${GPU_CHECK_STEPS:-cpp py zoo bench sanitize gloo}"
 want() { case " $steps " in *" $1 "*) return 0 ;; esac; return 1; }
 py="$(command -v python3)"
 torch_cmake="$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)')"
@@ -131,8 +134,13 @@ fi
 export PYTHONPATH="$build/python" PYTHONUNBUFFERED=1
 if want py; then
   step "Python CUDA tests" 300 py-tests.log "$py" -X faulthandler -m pytest -q -p no:cacheprovider --timeout 120 \
-    tests/python/test_cuda.py tests/python/test_executor.py ${GPU_CHECK_PYTEST:-}
+    -k "not real_models" tests/python/test_cuda.py tests/python/test_executor.py ${GPU_CHECK_PYTEST:-}
   grep -E "passed|failed|Error|error" "$logs/py-tests.log" | tail -15
+fi
+if want zoo; then
+  step "real models on the GPU" 300 zoo-tests.log "$py" -X faulthandler -m pytest -q -p no:cacheprovider \
+    --timeout 200 -n "${GPU_CHECK_ZOO_WORKERS:-6}" -k real_models tests/python/test_cuda.py ${GPU_CHECK_PYTEST:-}
+  grep -E "^FAILED|passed|failed" "$logs/zoo-tests.log" | tail -25
 fi
 if want bench; then
   step "bench/cuda_graph_step.py" 150 bench.log "$py" -X faulthandler bench/cuda_graph_step.py --devices 2

@@ -196,6 +196,26 @@ def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
     return scalars[0] if len(scalars) == 1 else None
 
 
+# Note [A graph the pipeline cannot cut]: a graph break cuts the user's
+# function into pieces (a data-dependent branch, a call Dynamo cannot trace,
+# an op whose backward reads tensor data: transformers' T5 and BART under
+# torch 2.11, its Mixtral experts' fallback backward in transformers 5.17),
+# and each piece is planned on its own. A piece may hold fewer layers than
+# there are devices (the embedding before a break), none at all (the mask
+# built between two breaks), or no input with a batch dimension: the
+# pipeline cannot cut it into one stage per device or into micro-batches. It
+# is placed by m-ETF on the same devices instead, with a warning naming the
+# graph, why, and the last graph break, so the rest of the model still
+# pipelines. The same holds for a whole model with fewer layers than devices.
+# A graph that does not return the loss runs fill-drain (GPipe) where 1F1B
+# was asked for (compile_pipeline.py), with a warning saying how to compile
+# the loss in: AOTAutograd starts its backward only after the whole forward
+# (and, for a piece, after the pieces after it). Dynamo itself only says
+# which frames it traced, and after a break it traces the frames the rest
+# calls (a decoder layer's __call__) as graphs of their own, so "a piece"
+# cannot be told from "a whole function" here: both get the same rule.
+
+
 def _user_code(gm: torch.fx.GraphModule) -> tuple[str, str, int, str]:
     """(root function name, file, first line, traced code name) of the frame
     Dynamo traced. After a graph break Dynamo traces a resume function
@@ -372,6 +392,9 @@ class _Capture:
         # indices of the batched inputs (Note [One batch symbol] in fx_import.py)
         self.symbol_aliases: dict[Any, Any] = {}
         self.batched_inputs: list[int] = []
+        # pipeline: why the graph is placed instead of pipelined, if it is
+        # (Note [A graph the pipeline cannot cut])
+        self.unpipelined: str | None = None
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -405,12 +428,14 @@ class _Capture:
             if self.opts.whole_step and kind is GraphKind.INFERENCE:
                 self.symbol_aliases, self.batched_inputs = batch_symbol_aliases(
                     gm, self.describe_input)
+            pipelined = self.opts.whole_step and self.unpipelined is None
             imported = import_graph(gm, kind, f"{self.plan.name}_{kind.value}", self.describe_input,
-                                    self.layer_of_seq,
-                                    self.symbol_aliases if self.opts.whole_step else None)
+                                    self.layer_of_seq, self.symbol_aliases if pipelined else None)
             graph = parse_graph(imported.text)
             placement = None
-            if self.opts.whole_step:
+            if pipelined and kind is GraphKind.INFERENCE:
+                self.unpipelined = self.why_not_pipelined(gm, graph)
+            if self.opts.whole_step and self.unpipelined is None:
                 compiled = self.pipelined(gm, graph, kind, imported)
             elif self.opts.planned:
                 placement, compiled = self.place(graph, kind, imported, gm)
@@ -460,6 +485,11 @@ class _Capture:
             fw_graph, bw_graph = parse_graph(fw.text), parse_graph(bw.text)
         except (UnsupportedGraph, UnsupportedOpError, InvalidIrError):
             return  # fw_compiler / bw_compiler fall back, each graph on its own
+        if pipeline:
+            self.unpipelined = self.why_not_pipelined(fw_module, fw_graph)
+            if self.unpipelined is not None:  # placed as without the pipeline option
+                self.symbol_aliases, self.batched_inputs = {}, []
+                return self.plan_joint(fw_module, bw_module, num_fwd_outputs)
         # A backward placeholder named like a forward node is the value the
         # forward saved for it; the rest are tangents.
         fw_nodes = {n.name for n in fw_module.graph.nodes if n.op != "output"}
@@ -523,6 +553,44 @@ class _Capture:
                                  (moved_layer, moved_param))
         self.plan.joint = joint
         self.plan.joint_links = {"saved": saved, "tangents": tangents, "gradients": gradients}
+
+    def why_not_pipelined(self, gm: torch.fx.GraphModule, graph: Any) -> str | None:
+        """Why the pipeline option cannot cut ``graph`` (the forward or
+        inference graph AOTAutograd traced, ``gm``, imported), warned once
+        per graph; None when it can (Note [A graph the
+        pipeline cannot cut]). strategy="auto" decides for itself."""
+        if self.opts.pipeline is None:
+            return None
+        data = [n for n in gm.graph.nodes if n.op == "placeholder"
+                and self.describe_input(n)[0] is InputRole.INPUT
+                and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() > 0]
+        layers = list(dict.fromkeys(layer for layer in _C.node_layers(graph) if layer))
+        devices = self.opts.devices
+        if not data:
+            reason = "it has no input with a batch dimension to split into micro-batches"
+        elif len(layers) < devices:
+            named = ", ".join(layers[:8]) + (", ..." if len(layers) > 8 else "")
+            reason = (f"it has {len(layers)} layer{'' if len(layers) == 1 else 's'}"
+                      f"{f' ({named})' if layers else ''}, fewer than the {devices} stages "
+                      f"devices={devices} asks for")
+        else:
+            return None
+        plan = self.plan
+        key = f"unpipelined {plan.name}"
+        if key not in _warned:
+            _warned.add(key)
+            from .compile_pipeline import _last_graph_break
+            piece = (f"the piece of {plan.function} after the graph break at line "
+                     f"{plan.resumed_at}" if plan.resumed_at is not None
+                     else f"a graph of {plan.function}")
+            warnings.warn(
+                f"modelpar pipeline: {piece} ({plan.filename}:{plan.line}, @{graph.name}) is "
+                f"placed by m-ETF on the {devices} devices instead of pipelined: {reason}"
+                + _last_graph_break()
+                + " (Note [A graph the pipeline cannot cut]; modelpar.plans() shows each graph)",
+                stacklevel=2)
+        plan.unpipelined = reason
+        return reason
 
     def pipelined(self, gm: torch.fx.GraphModule, graph: Any, kind: GraphKind,
                   imported: Any) -> Callable[..., Any]:

@@ -48,6 +48,7 @@ import collections
 import itertools
 import os
 import time
+import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -161,9 +162,11 @@ class PipelineStep:
         with an output is taken as zero, Note [Only the loss has a
         gradient]), else split.
 
+        Split mode under 1F1B runs fill-drain, with a warning (Note [A
+        graph the pipeline cannot cut] in compile_backend.py).
+
         Raises:
-            ConfigError: 1F1B asked for with the loss outside the compiled
-                function, or a batch dimension that is not symbolic.
+            ConfigError: a batch dimension that is not symbolic.
         """
         fw_out = next(n for n in fw_module.graph.nodes if n.op == "output").args[0]
         self.saved_kinds = ["tensor" if isinstance(getattr(o, "meta", {}).get("val"), torch.Tensor)
@@ -179,15 +182,25 @@ class PipelineStep:
                      else "split")
         self.loss_tangent_index = loss_tangent[0] if self.mode == "step" and loss_tangent else 0
         if self.mode == "split" and self.options["schedule"] != "gpipe":
-            raise ConfigError(
-                f"modelpar pipeline: schedule={self.options['schedule']!r} interleaves forward and "
-                "backward micro-batches, but this captured graph does not return the loss (it is "
-                "computed outside the compiled function, or in another graph after a graph break, "
-                "e.g. at a data-dependent op: modelpar.plans() lists the graphs), so AOTAutograd "
-                "runs the backward only after the whole forward: only fill-drain ('gpipe') fits. "
-                "For 1F1B, compile a function that returns the loss, e.g. "
-                "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
-                "before the loss" + _last_graph_break())
+            # Note [A graph the pipeline cannot cut] (compile_backend.py).
+            from .compile_backend import _warned
+            rec = self.record
+            if f"fill-drain {rec.name}" not in _warned:
+                _warned.add(f"fill-drain {rec.name}")
+                warnings.warn(
+                    f"modelpar pipeline: {rec.function} ({rec.filename}:{rec.line}, plan "
+                    f"{rec.index}) runs fill-drain ('gpipe') instead of "
+                    f"{self.options['schedule']!r}: 1F1B interleaves forward and backward "
+                    "micro-batches, but this captured graph does not return the loss (it is "
+                    "computed outside the compiled function, or in another graph after a graph "
+                    "break, e.g. at a data-dependent op: modelpar.plans() lists the graphs), so "
+                    "AOTAutograd runs the backward only after the whole forward. For 1F1B, "
+                    "compile a function that returns the loss, e.g. "
+                    "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
+                    "before the loss" + _last_graph_break(), stacklevel=2)
+            self.options = {**self.options, "schedule": "gpipe",
+                            "partition": ("balance-time" if self.options["partition"] == "madpipe"
+                                          else self.options["partition"])}
         if self.batch_input < 0 and self.mode == "split":
             # Only pipelines split a step at its backward, and a static batch
             # has none (Note [A static batch under strategy="auto"]).

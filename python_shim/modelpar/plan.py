@@ -90,6 +90,9 @@ class Plan:
     #: pipelined steps dropped from the cache (compile_pipeline.MAX_BATCH_SIZES)
     pipeline_evictions: int = 0
     pipeline_mode: str | None = None
+    #: With the ``pipeline`` option: why this graph is placed by m-ETF
+    #: instead (Note [A graph the pipeline cannot cut]), else None.
+    unpipelined: str | None = None
     #: With ``strategy="auto"``: the StrategySearch of the last batch size
     #: (modelpar/strategy.py) and of each batch size.
     search: Any = None
@@ -230,6 +233,8 @@ class Plan:
                 how = "pipeline"
             else:
                 how = self.options.placer or "m-etf"
+                if self.unpipelined is not None:
+                    how += ", not pipelined"
             if self.options.planned and getattr(self.options, "world", False):
                 return (f"modelpar rank executor, {self.options.devices} ranks of a process "
                         f"group ({how})")
@@ -297,6 +302,8 @@ class Plan:
             head += f", the piece after the graph break at line {self.resumed_at}"
         lines = [head, f"  graph breaks in {self.function} so far: {self.graph_breaks}",
                  f"  runs on: {self.runs_on}"]
+        if self.unpipelined is not None:
+            lines.append(f"  not pipelined: {self.unpipelined}")
         opts = self.options.non_default()
         if opts:
             lines.append("  options: " + ", ".join(f"{k}={v!r}" for k, v in opts.items()))

@@ -22,6 +22,7 @@ import modelpar
 from modelpar import _C
 from models import CASES
 from tolerances import Reordered
+from zoo import ZOO  # the models import transformers when built
 
 pytestmark = pytest.mark.skipif(
     not (torch.cuda.is_available() and _C.cuda_devices_built()),
@@ -177,3 +178,24 @@ def test_the_gpu_is_calibrated_once_and_plans_use_its_profile(tmp_path, monkeypa
     assert "calibrating" not in capsys.readouterr().err  # cached
     plan = _train("mlp", {"devices": 2, "placer": "m-etf", "device_map": "cuda:0"})
     assert json.loads(plan.graphs["forward"].placement.machine_json)["host_cores"] == 1
+
+
+# Real models (tests/python/zoo.py, Hugging Face transformers) on logical
+# devices of cuda:0: every model placed by m-ETF and pipelined (GPipe with
+# the loss outside, 1F1B with it compiled in), and strategy="auto" searching
+# on the GPU's profile for a decoder, an encoder and the CNN; the same
+# checks as tests/python/test_model_zoo.py on the CPU (loss per step, every
+# first-step gradient, parameters and buffers after three steps).
+ZOO_GPU_MODES = ["m-etf", "gpipe-never", "1f1b-except_last"]
+ZOO_GPU_AUTO = ["llama", "bert", "resnet"]
+
+
+ZOO_GPU_CASES = ([(name, mode) for name in ZOO for mode in ZOO_GPU_MODES]
+                 + [(name, "auto") for name in ZOO_GPU_AUTO])
+
+
+@pytest.mark.parametrize("name,mode", ZOO_GPU_CASES)
+def test_real_models_train_like_eager_on_logical_devices_of_one_gpu(name: str, mode: str) -> None:
+    pytest.importorskip("transformers")
+    from test_model_zoo import _run
+    _run(name, mode, device="cuda")
