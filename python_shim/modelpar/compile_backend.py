@@ -395,6 +395,8 @@ class _Capture:
         # pipeline: why the graph is placed instead of pipelined, if it is
         # (Note [A graph the pipeline cannot cut])
         self.unpipelined: str | None = None
+        # the role of each forward input (Note [Input gradients over ranks])
+        self.fw_input_roles: list[InputRole] = []
 
     def forward(self, gm: torch.fx.GraphModule, example_inputs: Sequence[Any]) -> Callable[..., Any]:
         return self.compile(gm, GraphKind.FORWARD)
@@ -424,6 +426,9 @@ class _Capture:
     def compile(self, gm: torch.fx.GraphModule, kind: GraphKind) -> Callable[..., Any]:
         start = time.perf_counter()
         graph = None
+        if kind is GraphKind.FORWARD:  # the backward's gradients follow these roles
+            self.fw_input_roles = [self.describe_input(n)[0] for n in gm.graph.nodes
+                                   if n.op == "placeholder"]
         try:
             if self.opts.whole_step and kind is GraphKind.INFERENCE:
                 self.symbol_aliases, self.batched_inputs = batch_symbol_aliases(
@@ -704,7 +709,17 @@ class _Capture:
         check_same_plan(str(program), self.opts.process_group,
                         f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
         if kind is GraphKind.BACKWARD:
-            replicated: list[int] = []
+            # Note [Input gradients over ranks]: AOTAutograd's backward
+            # returns one gradient per forward input, in order. A parameter's
+            # stays on the rank that made it (its home: placement puts it
+            # there); a data input's goes to every rank, because after a
+            # graph break it is the tangent of the graph before, whose ranks
+            # bind it where that graph made the value, not where this one
+            # made its gradient (it was None there: the earlier graph's
+            # gradients came out wrong).
+            replicated = sorted({o for k, o in enumerate(imported.output_map)
+                                 if o >= 0 and k < len(self.fw_input_roles)
+                                 and self.fw_input_roles[k] is InputRole.INPUT})
         elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:
             replicated = sorted({o for o in imported.output_map[:self.num_fwd_outputs] if o >= 0}
                                 | set(scalars))

@@ -362,14 +362,21 @@ class PipelineStep:
                         f"the pipelined step of {self.name} at batch {batch}",
                         self.opts.peer_timeout)
         index = {n: i for i, n in enumerate(program.graph.output_names)}
-        replicated = sorted({index[n] for n in self.fw_out_names if n and n in index})
+        replicated = {index[n] for n in self.fw_out_names if n and n in index}
         # A gradient goes to the rank that binds its parameter (and so updates
-        # it): the first program binds every forward input.
+        # it): the first program binds every forward input. The gradient of a
+        # data input goes to every rank, as the user's outputs do: it is the
+        # tangent of the graph before a graph break, whose ranks bind it
+        # where that graph made the value (Note [Input gradients over ranks]
+        # in compile_backend.py).
         first = self.built_programs[0] if k else program
         device_of = dict(zip(first.graph.input_names, _C.input_devices(first)))
-        homes = sorted({(index[g], device_of[x])
-                        for g, x in zip(self.bw_out_names, self.fw_input_names)
-                        if g and g in index and x in device_of})
+        role_of = dict(zip(first.graph.input_names, _C.graph_input_roles(first.graph)))
+        grads = [(index[g], x) for g, x in zip(self.bw_out_names, self.fw_input_names)
+                 if g and g in index and x in device_of]
+        replicated |= {o for o, x in grads if role_of.get(x) == "input"}
+        homes = sorted({(o, device_of[x]) for o, x in grads if role_of.get(x) != "input"})
+        replicated = sorted(replicated)
         return RankExecutor(program, self.opts.process_group, device=self.rank_device,
                             timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
                             output_homes=homes, record_trace=self.opts.trace is not None,

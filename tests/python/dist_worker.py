@@ -6,7 +6,8 @@ the environment, initialises a Gloo group and runs one scenario; prints
 Scenarios:
   train CASE STEPS [PIPELINE [release|clip|scaler|trace|meta|outside]]  the test model CASE
       (tests/python/models.py, or "zoo:NAME": a transformers model of
-      tests/python/zoo.py, its loss computed inside the model),
+      tests/python/zoo.py, its loss computed inside the model, or
+      "graph-breaks": models.GraphBroken, cut into four graphs by Dynamo),
       compiled with devices="world" (or a pipeline over the ranks: "gpipe" /
       "1f1b"; "none"), against eager in this process: the loss of each step,
       every gradient (summed over ranks: each exists on its owner only) and
@@ -50,7 +51,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import modelpar  # noqa: E402
-from models import CASES, MLP  # noqa: E402
+from models import CASES, GRAPH_BREAKS, MLP  # noqa: E402
 from tolerances import Reordered  # noqa: E402
 
 
@@ -88,7 +89,7 @@ class _Case:
             self._test = None
         else:
             self._zoo = None
-            self._test = CASES[name]
+            self._test = GRAPH_BREAKS if name == "graph-breaks" else CASES[name]
         c = self._zoo or self._test
         self.make_model, self.batch, self.tol, self.batch_size = (
             c.make_model, c.batch, c.tol, c.batch_size)
@@ -299,7 +300,8 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     _result(rank=dist.get_rank(), losses=losses, owned=own, searched=searched, shard=shard,
             replayed=replayed,
             reverse_group=bool(mp_dist._reverse_groups),
-            plan=str(modelpar.plans()[-1].runs_on), released=released, inference=inference, rehomed=rehomed, norms=norms, scales=scales,
+            plan=str(modelpar.plans()[-1].runs_on), plans=[p.runs_on for p in modelpar.plans()],
+            released=released, inference=inference, rehomed=rehomed, norms=norms, scales=scales,
             traced=traced, materialized=materialized)
 
 

@@ -30,7 +30,7 @@ from tolerances import Reordered
 
 __all__ = [
     "MLP", "SmallCNN", "UNet", "GPTConfig", "GPT", "InceptionNet", "LoopedConfig", "LoopedNet",
-    "Case", "CASES",
+    "Case", "CASES", "GraphBroken", "GRAPH_BREAKS",
 ]
 
 
@@ -285,3 +285,38 @@ CASES: dict[str, Case] = {
     "looped": Case(LoopedNet, _vector_batch(16, None), F.mse_loss, Reordered(16, depth=8),
                    batch_size=8),
 }
+
+
+class GraphBroken(nn.Module):
+    """Graph breaks (Note [A graph the pipeline cannot cut] in
+    compile_backend.py) cut it into a piece with one layer (embed), one with
+    none (the tanh between two breaks), one with four (the blocks) and,
+    with the loss, the head's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 16)
+        self.blocks = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+                                      for _ in range(4)])
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x)
+        torch._dynamo.graph_break()
+        h = torch.tanh(h) * 0.5
+        torch._dynamo.graph_break()
+        h = self.blocks(h)
+        torch._dynamo.graph_break()
+        return self.head(h)
+
+
+# Not in CASES: the suites parametrized over CASES compile each model as one
+# graph. 16-wide dot products and 4-way micro-batch sums, 6 deep.
+def _classes(seed: int, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = _gen(seed)
+    return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
+
+
+GRAPH_BREAKS = Case(GraphBroken, _classes, F.cross_entropy,
+                    Reordered(16, depth=6), batch_size=8)
+

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import modelpar
-from models import CASES
+from models import CASES, GRAPH_BREAKS
 from tolerances import Reordered
 
 # Micro-batching splits every sum over the batch and pipelining places the layers on several
@@ -483,38 +483,15 @@ def test_a_model_without_modules_is_placed_saying_it_has_no_layers() -> None:
     assert "not pipelined: it has 0 layers" in str(modelpar.plans()[-1])
 
 
-class _Broken(torch.nn.Module):
-    """Graph breaks (Note [A graph the pipeline cannot cut]) cut it into a
-    piece with one layer (embed), one with none (the tanh between two
-    breaks), one with four (the blocks) and, with the loss, the head's."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.embed = torch.nn.Linear(8, 16)
-        self.blocks = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(16, 16),
-                                                                torch.nn.ReLU())
-                                            for _ in range(4)])
-        self.head = torch.nn.Linear(16, 3)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x)
-        torch._dynamo.graph_break()
-        h = torch.tanh(h) * 0.5
-        torch._dynamo.graph_break()
-        h = self.blocks(h)
-        torch._dynamo.graph_break()
-        return self.head(h)
-
-
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_a_model_with_graph_breaks_pipelines_what_it_can_and_places_the_rest(schedule: str) -> None:
     # Pieces with fewer layers than devices are placed by m-ETF, with a
     # warning naming why; the blocks are pipelined (GPipe under 1f1b: their
     # piece does not return the loss); three momentum-SGD steps equal eager.
-    # Tolerance: 4-way micro-batch sums and 16-wide dot products, 6 deep.
-    tol = Reordered(16, depth=6).after(steps=3)
+    case = GRAPH_BREAKS
+    tol = case.tol.after(steps=3)
     torch.manual_seed(0)
-    model = _Broken()
+    model = case.make_model()
     eager = copy.deepcopy(model)
     options = {"strict": True, "devices": 2, "pipeline": {"schedule": schedule, "microbatches": 4}}
     loss_fn = torch.nn.functional.cross_entropy
@@ -528,8 +505,7 @@ def test_a_model_with_graph_breaks_pipelines_what_it_can_and_places_the_rest(sch
     with pytest.warns(UserWarning, match=r"placed by m-ETF on the 2 devices instead of pipelined: "
                                          r"it has 1 layer \(embed\), fewer than the 2 stages"):
         for seed in range(3):
-            g = torch.Generator().manual_seed(seed)
-            x, y = torch.randn(8, 8, generator=g), torch.randint(0, 3, (8,), generator=g)
+            x, y = case.batch(seed, case.batch_size)
             loss, ref = step(x, y), loss_fn(eager(x), y)
             tol.assert_close(loss.detach(), ref.detach())
             loss.backward()

@@ -186,6 +186,22 @@ def test_the_model_compiled_alone_trains_over_ranks_like_eager(case: str, schedu
     assert all(r["inference"] == "ok" for r in results), results
 
 
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "none"])
+def test_a_model_with_graph_breaks_trains_over_ranks_like_eager(schedule: str) -> None:
+    # Four graphs over the ranks (Note [A graph the pipeline cannot cut]):
+    # under a pipeline the blocks are pipelined and the pieces with fewer
+    # layers than ranks placed. The gradient a later graph's backward makes
+    # for an earlier graph's output reaches every rank (Note [Input
+    # gradients over ranks]); it stayed on the rank that made it, and the
+    # earlier graph's ranks got None: step 1's loss differed from eager.
+    results = _all_ok(_launch(2, "train", "graph-breaks", "3", schedule))
+    assert all(r["losses"] == results[0]["losses"] for r in results)
+    for r in results:
+        if schedule != "none":
+            assert any(p.endswith("(pipeline)") for p in r["plans"]), r["plans"]
+            assert any("not pipelined" in p for p in r["plans"]), r["plans"]
+
+
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "gpipe"), (2, "mlp", "1f1b"),
                                                  (2, "mlp", "1f1b*"), (4, "gpt", "gpipe"),
                                                  (4, "gpt", "1f1b")])
