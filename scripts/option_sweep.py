@@ -5,8 +5,8 @@
     PYTHONPATH=build/python .venv/bin/python -m torch.distributed.run \
         --nproc-per-node 2 scripts/option_sweep.py --seed 0   # devices="world"
 
-Each case draws a model (tests/python/models.py, or "zoo:NAME" from
-tests/python/zoo.py), the loss inside or outside the compiled function, and a
+Each case draws a model (tests/python/models.py, "graph-breaks": its
+GraphBroken, four graphs; or "zoo:NAME" from tests/python/zoo.py), the loss inside or outside the compiled function, and a
 combination of options (devices, placer / pipeline keys / strategy="auto",
 trace into a folder that does not exist yet, memory, partitioner, strict,
 dump_dir, cuda_graphs; now and then mode="max-autotune" or "reduce-overhead"
@@ -49,7 +49,7 @@ sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 import modelpar  # noqa: E402
 
-TEST_MODELS = "mlp,gpt,cnn,unet,inception,looped"
+TEST_MODELS = "mlp,gpt,cnn,unet,inception,looped,graph-breaks"
 PIPELINE_CHOICES = [("microbatches", [1, 2, 3, 4, 8]), ("schedule", ["gpipe", "1f1b", "1f1b*"]),
                     ("partition", ["balance-time", "balance-size", "balance-time-comm", "madpipe"]),
                     ("checkpoint", ["always", "except_last", "never"]), ("portals", [True, False])]
@@ -66,8 +66,8 @@ class _Model:
             self.step = z.step
             self.outside = lambda compiled, x, y: z.loss(z.predict(compiled, x), y)
         else:
-            from models import CASES
-            c = CASES[name]
+            from models import CASES, GRAPH_BREAKS
+            c = GRAPH_BREAKS if name == "graph-breaks" else CASES[name]
             self.make, self.batch, self.size = c.make_model, c.batch, 2 * c.batch_size
             self.step = lambda model, x, y: c.loss(model(x), y)
             self.outside = lambda compiled, x, y: c.loss(compiled(x), y)

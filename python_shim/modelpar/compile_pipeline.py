@@ -439,7 +439,13 @@ class PipelineStep:
                 t = tangents[self.loss_tangent_index] if tangents else None
                 _check_only_the_loss(tangents, self.loss_tangent_index, self.name)
                 grads = [stash.values.get(n) if n else None for n in self.bw_out_names]
-                if isinstance(t, torch.Tensor) and not (t.numel() == 1 and float(t) == 1.0):
+                # Reading a GPU tangent's value would wait for the whole
+                # step the forward call queued (the host then idles the GPU
+                # at every step's start): on a GPU the gradients are always
+                # scaled, which the GPU does without the host waiting.
+                seed_is_one = (isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                               and t.numel() == 1 and float(t) == 1.0)
+                if isinstance(t, torch.Tensor) and not seed_is_one:
                     grads = [g * t if isinstance(g, torch.Tensor) else g for g in grads]
                 return grads
             built = stash.built or self.build(self.batch_of(stash.args))

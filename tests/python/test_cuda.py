@@ -188,8 +188,6 @@ def test_the_gpu_is_calibrated_once_and_plans_use_its_profile(tmp_path, monkeypa
 # first-step gradient, parameters and buffers after three steps).
 ZOO_GPU_MODES = ["m-etf", "gpipe-never", "1f1b-except_last"]
 ZOO_GPU_AUTO = ["llama", "bert", "resnet"]
-
-
 ZOO_GPU_CASES = ([(name, mode) for name in ZOO for mode in ZOO_GPU_MODES]
                  + [(name, "auto") for name in ZOO_GPU_AUTO])
 
