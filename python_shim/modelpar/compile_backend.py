@@ -206,7 +206,10 @@ def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
 # pipeline cannot cut it into one stage per device or into micro-batches. It
 # is placed by m-ETF on the same devices instead, with a warning naming the
 # graph, why, and the last graph break, so the rest of the model still
-# pipelines. The same holds for a whole model with fewer layers than devices.
+# pipelines. The same holds for a whole model with fewer layers than devices,
+# and under strategy="auto" for a training graph that does not return the
+# loss, for which the search has only GPipe pipelines to try (no candidate
+# fitted such a piece before).
 # A graph that does not return the loss runs fill-drain (GPipe) where 1F1B
 # was asked for (compile_pipeline.py), with a warning saying how to compile
 # the loss in: AOTAutograd starts its backward only after the whole forward
@@ -491,7 +494,8 @@ class _Capture:
         except (UnsupportedGraph, UnsupportedOpError, InvalidIrError):
             return  # fw_compiler / bw_compiler fall back, each graph on its own
         if pipeline:
-            self.unpipelined = self.why_not_pipelined(fw_module, fw_graph)
+            self.unpipelined = self.why_not_pipelined(
+                fw_module, fw_graph, returns_loss=_loss_tangent(bw_module) is not None)
             if self.unpipelined is not None:  # placed as without the pipeline option
                 self.symbol_aliases, self.batched_inputs = {}, []
                 return self.plan_joint(fw_module, bw_module, num_fwd_outputs)
@@ -559,12 +563,15 @@ class _Capture:
         self.plan.joint = joint
         self.plan.joint_links = {"saved": saved, "tangents": tangents, "gradients": gradients}
 
-    def why_not_pipelined(self, gm: torch.fx.GraphModule, graph: Any) -> str | None:
+    def why_not_pipelined(self, gm: torch.fx.GraphModule, graph: Any,
+                          returns_loss: bool = True) -> str | None:
         """Why the pipeline option cannot cut ``graph`` (the forward or
         inference graph AOTAutograd traced, ``gm``, imported), warned once
-        per graph; None when it can (Note [A graph the
-        pipeline cannot cut]). strategy="auto" decides for itself."""
-        if self.opts.pipeline is None:
+        per graph; None when it can (Note [A graph the pipeline cannot
+        cut]). strategy="auto" decides for itself, except for a training
+        graph that does not return the loss (``returns_loss``), where it
+        searches only GPipe pipelines."""
+        if self.opts.pipeline is None and (self.opts.strategy != "auto" or returns_loss):
             return None
         data = [n for n in gm.graph.nodes if n.op == "placeholder"
                 and self.describe_input(n)[0] is InputRole.INPUT
@@ -588,9 +595,13 @@ class _Capture:
             piece = (f"the piece of {plan.function} after the graph break at line "
                      f"{plan.resumed_at}" if plan.resumed_at is not None
                      else f"a graph of {plan.function}")
+            searched = ("" if self.opts.pipeline is not None else
+                        " (strategy='auto' searches only GPipe pipelines for a graph that does "
+                        "not return the loss)")
             warnings.warn(
                 f"modelpar pipeline: {piece} ({plan.filename}:{plan.line}, @{graph.name}) is "
-                f"placed by m-ETF on the {devices} devices instead of pipelined: {reason}"
+                f"placed by m-ETF on the {devices} devices instead of pipelined{searched}: "
+                f"{reason}"
                 + _last_graph_break()
                 + " (Note [A graph the pipeline cannot cut]; modelpar.plans() shows each graph)",
                 stacklevel=2)

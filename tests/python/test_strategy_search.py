@@ -358,3 +358,40 @@ def test_timing_restores_the_inputs_a_step_writes_through_views():
     assert pos.item() == 4 and cache[1].tolist() == [5.0, 5.0]  # the step wrote both
     rewind.restore()
     assert pos.item() == 3 and torch.equal(cache, torch.zeros(4, 2))
+
+
+def test_auto_places_the_pieces_of_a_broken_model_it_cannot_pipeline():
+    # Note [A graph the pipeline cannot cut]: the pieces before the loss
+    # return no loss, so the search would try only GPipe pipelines, and the
+    # embed and head pieces have one layer for three devices: they are
+    # placed by m-ETF (no candidate fitted before); the blocks and the loss
+    # piece are searched. Two momentum-SGD steps equal eager.
+    from models import GRAPH_BREAKS as case
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    step = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options={"devices": 3, "strategy": "auto"})
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.1, momentum=0.9)
+    tol = case.tol.after(steps=2)
+    with pytest.warns(UserWarning, match=r"strategy='auto' searches only GPipe pipelines for a "
+                                         r"graph that does not return the loss\): it has 1 layer "
+                                         r"\(embed\)"):
+        for seed in range(2):
+            x, y = case.batch(seed, 16)
+            loss, ref = step(x, y), case.loss(eager(x), y)
+            tol.assert_close(loss.detach(), ref.detach())
+            loss.backward()
+            ref.backward()
+            for p, q in zip(model.parameters(), eager.parameters()):
+                tol.assert_close(p.grad, q.grad)
+            opt.step()
+            ref_opt.step()
+            opt.zero_grad()
+            ref_opt.zero_grad()
+    runs = [p.runs_on for p in modelpar.plans()]
+    assert sum("not pipelined" in r for r in runs) == 3, runs
+    assert any("strategy auto" in r for r in runs), runs
