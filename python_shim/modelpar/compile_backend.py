@@ -35,6 +35,7 @@ back to that input.
 
 from __future__ import annotations
 
+import collections
 import re
 import time
 from dataclasses import dataclass
@@ -281,7 +282,8 @@ class _MultiDevice:
 
     def __init__(self, executor: Any, output_map: Sequence[int],
                  constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
-                 homes: Sequence[torch.device | None] | None = None) -> None:
+                 homes: Sequence[torch.device | None] | None = None,
+                 make_executor: Callable[[], Any] | None = None) -> None:
         # In the instance __dict__: Dynamo's wrapper of the backward copies
         # it with functools.wraps, which misses class attributes.
         self._boxed_call = True
@@ -291,11 +293,18 @@ class _MultiDevice:
         self.plan = plan
         self.kind = kind.value
         self.homes = list(homes) if homes is not None else None
+        # Note [One capture per signature]: with graph replay, the executor of
+        # each input signature met (at most MAX_CAPTURES, least recently used
+        # dropped), made by make_executor.
+        self.make_executor = make_executor
+        self.captures: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 
     def __call__(self, args: list[Any]) -> list[Any]:
         inputs = list(args)
         args.clear()
         inputs.extend(self.constants)
+        if self.make_executor is not None:
+            self.executor = self.captured(inputs)
         start = time.perf_counter_ns()
         outs = self.executor.run(inputs)
         picked = [None if o < 0 else outs[o] for o in self.output_map]
@@ -304,6 +313,38 @@ class _MultiDevice:
                       for v, h in zip(picked, self.homes)]
         self.plan.record_run(self.kind, self.executor, start, time.perf_counter_ns())
         return picked
+
+    def captured(self, inputs: Sequence[Any]) -> Any:
+        """The executor whose capture takes ``inputs`` (Note [One capture
+        per signature]): the first one for the first signature, a new one
+        for each new signature."""
+        key = _signature(inputs)
+        if not self.captures:
+            self.captures[key] = self.executor
+        elif key in self.captures:
+            self.captures.move_to_end(key)
+        else:
+            self.captures[key] = self.make_executor()
+            while len(self.captures) > MAX_CAPTURES:
+                self.captures.popitem(last=False)
+        return self.captures[key]
+
+
+# Note [One capture per signature]: a captured step replays fixed shapes and
+# bakes its non-tensor inputs in (the executor refuses anything else), but a
+# graph Dynamo traced with a dynamic batch takes any batch size: its size
+# symbol is an int input and its tensors change shape. Like torch's own
+# CUDA graph trees, a graph under graph replay keeps one executor, and so
+# one capture, per signature it has met (each tensor's shape, dtype and
+# device; each other input's value), the least recently used of more than
+# MAX_CAPTURES dropped. It failed at the third batch size before: the
+# second one met was the first the dynamic graph captured.
+MAX_CAPTURES = 8
+
+
+def _signature(inputs: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else repr(v)
+                 for v in inputs)
 
 
 def output_homes(gm: torch.fx.GraphModule, kind: GraphKind,
@@ -688,14 +729,16 @@ class _Capture:
                                        training=kind is GraphKind.FORWARD)
             return placement, self.on_ranks(placement.program, kind, imported,
                                             _scalar_outputs(gm, imported.output_map))
-        ex = Executor(placement.program, device_map=self.opts.executor_device_map, threads_per_device=1,
-                      record_trace=self.opts.trace is not None,
-                      replay="graphs" if self.opts.cuda_graphs else "streams")
+        def make_executor() -> Any:
+            return Executor(placement.program, device_map=self.opts.executor_device_map,
+                            threads_per_device=1, record_trace=self.opts.trace is not None,
+                            replay="graphs" if self.opts.cuda_graphs else "streams")
+        ex = make_executor()
         self.executors[kind.value] = ex
         on_gpu = self.opts.executor_device_map.startswith("cuda")
         homes = output_homes(gm, kind, self.num_fwd_outputs) if on_gpu else None
         return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind,
-                                       homes)
+                                       homes, make_executor if self.opts.cuda_graphs else None)
 
     def plan_key(self) -> tuple[str, str, int]:
         """The user function this capture compiles (same for its training and
