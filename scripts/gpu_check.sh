@@ -138,8 +138,11 @@ if want py; then
   grep -E "passed|failed|Error|error" "$logs/py-tests.log" | tail -15
 fi
 if want zoo; then
+  # pytest-xdist is on the GPU image; without it the cases run one by one.
+  workers=""
+  "$py" -c "import xdist" 2>/dev/null && workers="-n ${GPU_CHECK_ZOO_WORKERS:-6}"
   step "real models on the GPU" 300 zoo-tests.log "$py" -X faulthandler -m pytest -q -p no:cacheprovider \
-    --timeout 200 -n "${GPU_CHECK_ZOO_WORKERS:-6}" -k real_models tests/python/test_cuda.py ${GPU_CHECK_PYTEST:-}
+    --timeout 200 $workers -k real_models tests/python/test_cuda.py ${GPU_CHECK_PYTEST:-}
   grep -E "^FAILED|passed|failed" "$logs/zoo-tests.log" | tail -25
 fi
 if want bench; then
