@@ -131,6 +131,7 @@ class PipelineStep:
         self.built: collections.OrderedDict[int, _Built] = collections.OrderedDict()
         self.mode = "step"
         self.graph: Any = None
+        self.tangents_checked = False  # step mode: the other outputs' tangents read once
         # The step holds recompute nodes of its own (Note [A model that
         # checkpoints itself]): decided once, where the step is joined.
         self.checkpoints_itself = False
@@ -437,7 +438,14 @@ class PipelineStep:
             stash = self.stash.get(token)
             if self.mode == "step":
                 t = tangents[self.loss_tangent_index] if tangents else None
-                _check_only_the_loss(tangents, self.loss_tangent_index, self.name)
+                # On a GPU, reading the other tangents waits for the step:
+                # checked at the first backward only (a loss computed from
+                # the other outputs is the same mistake at every step).
+                on_gpu = any(isinstance(u, torch.Tensor) and u.device.type != "cpu"
+                             for u in tangents)
+                if not (on_gpu and self.tangents_checked):
+                    _check_only_the_loss(tangents, self.loss_tangent_index, self.name)
+                    self.tangents_checked = True
                 grads = [stash.values.get(n) if n else None for n in self.bw_out_names]
                 # Reading a GPU tangent's value would wait for the whole
                 # step the forward call queued (the host then idles the GPU
