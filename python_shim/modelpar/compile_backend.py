@@ -283,7 +283,8 @@ class _MultiDevice:
     def __init__(self, executor: Any, output_map: Sequence[int],
                  constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
                  homes: Sequence[torch.device | None] | None = None,
-                 make_executor: Callable[[], Any] | None = None) -> None:
+                 make_executor: Callable[[], Any] | None = None,
+                 varying: Sequence[int] = ()) -> None:
         # In the instance __dict__: Dynamo's wrapper of the backward copies
         # it with functools.wraps, which misses class attributes.
         self._boxed_call = True
@@ -295,8 +296,10 @@ class _MultiDevice:
         self.homes = list(homes) if homes is not None else None
         # Note [One capture per signature]: with graph replay, the executor of
         # each input signature met (at most MAX_CAPTURES, least recently used
-        # dropped), made by make_executor.
+        # dropped), made by make_executor; the signature reads only the
+        # inputs whose value or shape can change (``varying``).
         self.make_executor = make_executor
+        self.varying = list(varying)
         self.captures: collections.OrderedDict[Any, Any] = collections.OrderedDict()
 
     def __call__(self, args: list[Any]) -> list[Any]:
@@ -318,7 +321,8 @@ class _MultiDevice:
         """The executor whose capture takes ``inputs`` (Note [One capture
         per signature]): the first one for the first signature, a new one
         for each new signature."""
-        key = _signature(inputs)
+        key = tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else repr(v)
+                    for v in (inputs[i] for i in self.varying))
         if not self.captures:
             self.captures[key] = self.executor
         elif key in self.captures:
@@ -338,13 +342,17 @@ class _MultiDevice:
 # one capture, per signature it has met (each tensor's shape, dtype and
 # device; each other input's value), the least recently used of more than
 # MAX_CAPTURES dropped. It failed at the third batch size before: the
-# second one met was the first the dynamic graph captured.
+# second one met was the first the dynamic graph captured. Only the inputs
+# that can change take part (_varying_inputs: a tensor with a symbolic size,
+# a number), found once at planning; dtypes and devices are Dynamo's guards.
 MAX_CAPTURES = 8
 
 
-def _signature(inputs: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple((tuple(v.shape), v.dtype, v.device) if isinstance(v, torch.Tensor) else repr(v)
-                 for v in inputs)
+def _varying_inputs(graph: Any) -> list[int]:
+    """Indices of ``graph``'s inputs whose shape or value may differ between
+    calls: numbers, and tensors with a symbolic dimension."""
+    return [i for i, spec in enumerate(_C.graph_input_specs(graph))
+            if spec["kind"] != "tensor" or any(isinstance(d, str) for d in spec["shape"])]
 
 
 def output_homes(gm: torch.fx.GraphModule, kind: GraphKind,
@@ -738,7 +746,9 @@ class _Capture:
         on_gpu = self.opts.executor_device_map.startswith("cuda")
         homes = output_homes(gm, kind, self.num_fwd_outputs) if on_gpu else None
         return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind,
-                                       homes, make_executor if self.opts.cuda_graphs else None)
+                                       homes, make_executor if self.opts.cuda_graphs else None,
+                                       _varying_inputs(placement.program.graph)
+                                       if self.opts.cuda_graphs else ())
 
     def plan_key(self) -> tuple[str, str, int]:
         """The user function this capture compiles (same for its training and
