@@ -39,7 +39,9 @@ options beside a mode, so ``devices`` then defaults to the CPU's cores (one
 CPU worker device each; the search may still choose one device). With one
 device there is nothing to search and they behave like the default (a
 warning says why);
-``"reduce-overhead"`` means CUDA graph replay: the same as ``cuda_graphs=True``.
+``"reduce-overhead"`` means CUDA graph replay: the same as ``cuda_graphs=True``
+(over a process group, which has no graph replay yet, a warning says so and
+the default runs).
 """
 
 from __future__ import annotations
@@ -376,7 +378,7 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                           f"devices but devices={devices}; give one device per logical device")
     if world:
         for key, value, default in (("device_map", device_map, None),
-                                    ("cuda_graphs", cuda_graphs or mode == "reduce-overhead", False)):
+                                    ("cuda_graphs", cuda_graphs, False)):
             if value != default:
                 raise ConfigError(f"modelpar options: {key}={value!r} is not yet supported over a "
                                   "process group (issue 13): each rank runs on the device its "
@@ -384,7 +386,14 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                                   "unset")
     if device_map not in (None, "cpu"):
         _check_cuda(device_map)
-    if mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
+    if mode == "reduce-overhead" and world:
+        # A mode asks for what helps where it can, as max-autotune with
+        # nothing to search does (and torch's own backends skip CUDA graphs
+        # they cannot use); cuda_graphs=True, asked for by name, is refused.
+        warnings.warn("modelpar: mode='reduce-overhead' asks for CUDA graph replay, which "
+                      "modelpar does not do over a process group yet (issue 13); it runs as "
+                      "mode='default', by stream replay", stacklevel=2)
+    elif mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
         cuda_graphs = True
     if strategy == "auto" and (placer is not None or pipeline is not None):
         given = "placer" if placer is not None else "pipeline"

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import collections
 import itertools
-import json
 import os
 import re
 import statistics
@@ -39,6 +38,7 @@ from ._C import Graph, graph_input_roles, graph_nodes
 from .errors import ConfigError
 from .options import CompileOptions
 from .planning import CapturedPlacement, plan_graph
+from .step_trace import StepTrace, forget_step_traces, step_trace_for
 
 __all__ = ["Plan", "GraphRecord", "plans", "clear_plans"]
 
@@ -160,52 +160,35 @@ class Plan:
     def record_run(self, kind: str, executor: Any, start_ns: int, end_ns: int) -> None:
         """Called by the compiled graph after each executor run: a forward
         waits for its backward; a backward or inference run completes a step
-        (its time is recorded and, with ``trace``, the traces written)."""
+        (its time is recorded and, with ``trace``, the traces written: Note
+        [One trace for the pieces of a step] in step_trace.py)."""
+        trace = self._step_trace() if self.options.trace else None
+        if trace is not None:
+            trace.add(self.name, kind, executor, start_ns)
         if kind == "forward":
-            self._pending_forward = (kind, executor, start_ns, end_ns)
+            self._pending_forward = (start_ns, end_ns)
             return
-        runs = [(kind, executor, start_ns, end_ns)]
+        runs = [(start_ns, end_ns)]
         if kind == "backward" and self._pending_forward is not None:
             runs.insert(0, self._pending_forward)
         self._pending_forward = None
-        self.step_times_us.append(sum(e - s for _, _, s, e in runs) / 1e3)
-        if self.options.trace:
-            self._write_traces(runs)
+        self.step_times_us.append(sum(e - s for s, e in runs) / 1e3)
+        if trace is not None:
+            simulated = self.joint if self.joint is not None else self.pipeline
+            if simulated is None:
+                placed = [r.placement for r in self.graphs.values() if r.placement is not None]
+                simulated = placed[-1] if placed else None
+            trace.complete(self.name, simulated)
+            self.trace_path = str(trace.path)
+            if trace.simulated_path is not None and trace.simulated:
+                self.simulated_trace_path = str(trace.simulated_path)
 
-    def _write_traces(self, runs: list[tuple[str, Any, int, int]]) -> None:
-        path = Path(self.options.trace)
+    def _step_trace(self) -> StepTrace:
         rank = None
-        if self.options.world:  # each rank its own file: step.json -> step.rank1.json
+        if self.options.world:
             import torch.distributed as dist
             rank = dist.get_rank(self.options.process_group)
-            path = path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        events: list[dict] = []
-        seen: set[str] = set()
-        t0 = runs[0][2]
-        for graph, executor, start, _end in runs:
-            shift = (start - t0) / 1e3  # the backward's events after the forward's
-            for e in json.loads(executor.chrome_trace())["traceEvents"]:
-                if e.get("ph") == "M":
-                    key = json.dumps(e, sort_keys=True)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                elif "ts" in e:
-                    e["ts"] = e["ts"] + shift
-                    e.setdefault("args", {})["graph"] = graph
-                events.append(e)
-        path.write_text(json.dumps({"traceEvents": events}), encoding="utf-8")
-        self.trace_path = str(path)
-        simulated = self.joint if self.joint is not None else self.pipeline
-        if simulated is None:
-            placed = [r.placement for r in self.graphs.values() if r.placement is not None]
-            simulated = placed[-1] if placed else None
-        if simulated is not None and rank in (None, 0):  # the plan is the same on every rank
-            sim_path = Path(self.options.trace)
-            sim_path = sim_path.with_name(sim_path.stem + ".simulated.json")
-            simulated.write_trace(str(sim_path))
-            self.simulated_trace_path = str(sim_path)
+        return step_trace_for(self.options.trace, rank)
 
     @property
     def name(self) -> str:
@@ -416,3 +399,4 @@ def clear_plans() -> None:
     """Forgets the recorded plans (compiled functions keep working)."""
     with _lock:
         _plans.clear()
+    forget_step_traces()

@@ -240,6 +240,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         spans = [e for e in events["traceEvents"] if e.get("ph") == "X"]
         traced = {"pids": sorted({e["pid"] for e in spans}),
                   "runs": sum(e["cat"] == "run" for e in spans),
+                  "pieces": sorted({e["args"]["piece"] for e in spans}),
                   "simulated": os.path.exists(os.path.join(trace_dir, "step.simulated.json"))}
     # Parameters after the steps: each is current on its owner only. They
     # moved by lr x (momentum-summed) gradients, whose terms have the size of

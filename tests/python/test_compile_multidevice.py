@@ -448,3 +448,51 @@ def test_outputs_go_home_except_saved_activations() -> None:
     assert output_homes(gm, GraphKind.FORWARD, 1) == [meta, None, None]  # b is saved
     assert output_homes(gm, GraphKind.FORWARD, None) == [meta, cpu, None]
     assert output_homes(gm, GraphKind.BACKWARD, 1) == [meta, cpu, None]
+
+
+@pytest.mark.parametrize("options", [{"devices": 2}, {"devices": 2, "pipeline": {}}])
+def test_trace_of_a_model_with_graph_breaks_holds_every_piece(tmp_path, options: dict) -> None:
+    """Note [One trace for the pieces of a step]: every piece of a model cut
+    by graph breaks wrote its own step to the one ``trace`` path, so the
+    file held the first graph's (it finishes last) and the rest was lost.
+    Now the measured file holds the whole last step: each piece's forward
+    and backward once, forwards in the model's order, backwards in reverse,
+    none overlapping; the simulated file each piece's step, one after
+    another."""
+    from models import GRAPH_BREAKS
+    modelpar.clear_plans()
+    path = tmp_path / "t" / "step.json"
+    model = GRAPH_BREAKS.make_model()
+    fast = torch.compile(lambda x, y: GRAPH_BREAKS.loss(model(x), y), backend="modelpar",
+                         options={**options, "trace": str(path)})
+    for step in range(2):
+        x, y = GRAPH_BREAKS.batch(step, 2 * GRAPH_BREAKS.batch_size)
+        fast(x, y).backward()
+    pieces = [p.name for p in modelpar.plans()]
+    assert len(pieces) == 5  # four graph breaks
+    assert all(p.trace_path == str(path) for p in modelpar.plans())
+    spans = [e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"]
+    runs: dict[tuple[str, str], tuple[float, float]] = {}
+    for e in spans:
+        key = (e["args"]["piece"], e["args"]["graph"])
+        a, b = runs.get(key, (float("inf"), float("-inf")))
+        runs[key] = (min(a, e["ts"]), max(b, e["ts"] + e["dur"]))
+    assert set(runs) == {(p, g) for p in pieces for g in ("forward", "backward")}
+    order = sorted(runs, key=lambda k: runs[k][0])
+    assert order == [(p, "forward") for p in pieces] + [(p, "backward") for p in reversed(pieces)]
+    for k, k2 in zip(order, order[1:]):
+        assert runs[k][1] <= runs[k2][0] + 1e-3, (k, k2)
+    # One step only: the first step's runs were dropped when the second began
+    # (each (piece, graph) above spans one run: none overlaps the next).
+    simulated = json.loads((tmp_path / "t" / "step.simulated.json").read_text())["traceEvents"]
+    sim_runs: dict[str, tuple[float, float]] = {}
+    for e in simulated:
+        if e.get("ph") == "X":
+            a, b = sim_runs.get(e["args"]["piece"], (float("inf"), float("-inf")))
+            sim_runs[e["args"]["piece"]] = (min(a, e["ts"]), max(b, e["ts"] + e["dur"]))
+    assert list(sorted(sim_runs, key=lambda p: sim_runs[p][0])) == [
+        p for p in pieces if p in sim_runs]
+    assert len(sim_runs) >= 3  # the tanh piece has no layers; every piece with work
+    spans_sorted = sorted(sim_runs.values())
+    for (a, b), (c, d) in zip(spans_sorted, spans_sorted[1:]):
+        assert b <= c + 1e-6

@@ -373,18 +373,24 @@ def test_released_parameters_of_other_ranks_are_never_read(schedule: str) -> Non
         assert r["released"] == sum(v for n, v in sizes.items() if n not in r["owned"]), r
 
 
-@pytest.mark.parametrize("schedule", ["none", "1f1b"])
-def test_trace_over_ranks_writes_one_file_per_rank(schedule: str, tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("case, schedule", [("mlp", "none"), ("mlp", "1f1b"),
+                                            ("graph-breaks", "gpipe")])
+def test_trace_over_ranks_writes_one_file_per_rank(case: str, schedule: str, tmp_path,
+                                                  monkeypatch) -> None:
     # trace="step.json" over a group: rank r writes step.rankR.json with the
     # measured spans of its own device only; rank 0 also the simulated plan,
     # in a folder that does not exist yet (1F1B plans, and wrote the
-    # simulated trace, before any step made the folder: ConfigError).
+    # simulated trace, before any step made the folder: ConfigError). With
+    # graph breaks every piece's runs are in the file (Note [One trace for
+    # the pieces of a step]: the last piece's alone were, the rest lost).
     tmp_path = tmp_path / "runs"
     monkeypatch.setenv("MODELPAR_TEST_TRACE_DIR", str(tmp_path))
-    results = _all_ok(_launch(2, "train", "mlp", "3", schedule, "trace"))
+    results = _all_ok(_launch(2, "train", case, "3", schedule, "trace"))
     for rank, r in enumerate(results):
         assert r["traced"]["pids"] == [rank], r["traced"]
         assert r["traced"]["runs"] > 0, r["traced"]
+    pieces = {p for r in results for p in r["traced"]["pieces"]}
+    assert len(pieces) == (5 if case == "graph-breaks" else 1), results
     assert results[0]["traced"]["simulated"]
     assert sorted(f.name for f in tmp_path.iterdir()) == [
         "step.rank0.json", "step.rank1.json", "step.simulated.json"]
@@ -488,6 +494,10 @@ def test_devices_other_than_the_group_size_is_a_config_error() -> None:
             modelpar.resolve_options({"devices": "world", "process_group": "default"})
         with pytest.raises(modelpar.ConfigError, match="not yet supported over a process group"):
             modelpar.resolve_options({"devices": "world", "cuda_graphs": True})
+        # The mode asks for what helps where it can: a warning, stream replay.
+        with pytest.warns(UserWarning, match="runs as mode='default', by stream replay"):
+            o = modelpar.resolve_options({"devices": "world"}, "reduce-overhead")
+        assert o.world and not o.cuda_graphs
         assert modelpar.resolve_options({"devices": "world", "trace": "t.json"}).trace == "t.json"
         assert modelpar.resolve_options({"devices": "world", "strategy": "auto"}).strategy == "auto"
         opts = modelpar.resolve_options({"devices": "world", "peer_timeout": 5})
