@@ -60,7 +60,7 @@ void sync();
 struct PipelineOptions {
   int microbatches = 4;                    // >= 1
   std::string schedule = "gpipe";          // "gpipe", "1f1b", "1f1b*"
-  std::string partition = "balance-time";  // "balance-time", "balance-size", "balance-time-comm", "madpipe"
+  std::string partition = "balance-time";  // "balance-time", "balance-size", "balance-time-comm", "madpipe" (set schedule "1f1b*" with it: here the schedule is always given)
   std::string checkpoint = "except_last";  // "always", "except_last", "never"
   bool portals = true;
   std::string batch_norm = "deferred";     // "refuse", "deferred"

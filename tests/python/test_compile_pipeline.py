@@ -373,7 +373,7 @@ def test_1f1b_with_the_loss_outside_runs_fill_drain_and_says_to_compile_the_loss
     ({"microbatch": 4}, "unknown pipeline key"),
     ({"schedule": "interleaved"}, "'gpipe', '1f1b', '1f1b\\*'"),
     ({"microbatches": 0}, "an int >= 1"),
-    ({"partition": "madpipe"}, "only with schedule '1f1b\\*'"),
+    ({"partition": "madpipe", "schedule": "gpipe"}, "only with schedule '1f1b\\*'"),
     ({"portals": "yes"}, "True or False"),
     ([4], "None or a dict"),
 ])
