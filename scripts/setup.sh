@@ -27,15 +27,16 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$venv"
 fi
 # Bump the stamp when the list changes, so that existing venvs get the new packages.
-stamp="$venv/.modelpar-deps-v4"
+stamp="$venv/.modelpar-deps-v5"
 if [ ! -f "$stamp" ]; then
   echo "modelpar setup: installing Python packages into $venv"
   "$venv/bin/pip" install -q --upgrade pip
   # hypothesis: the options property test; transformers: the model zoo of
   # tests/python/test_model_zoo.py (small random-init configs, nothing downloaded);
-  # accelerate: transformers' Trainer (tests/python/test_trainer.py)
+  # accelerate: transformers' Trainer (tests/python/test_trainer.py); peft: LoRA
+  # fine-tuning of the zoo's models (test_model_zoo.py, test_distributed.py)
   "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest hypothesis pybind11 scikit-build-core \
-    ninja cmake transformers accelerate
+    ninja cmake transformers accelerate peft
   touch "$stamp"
 fi
 echo "modelpar setup: ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

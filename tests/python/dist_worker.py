@@ -107,7 +107,8 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     (modelpar.GradScaler against torch's in eager, with an inf put into one
     rank's gradient in step 0), "dropped" (the model's own activation
     checkpointing with every dropout at p = 1: masks that do not depend on
-    which rank draws them, replayed in the recompute), "trace" (the
+    which rank draws them, replayed in the recompute), "lora" (a zoo model
+    with peft's LoRA adapters, every base weight frozen), "trace" (the
     trace option, files in $MODELPAR_TEST_TRACE_DIR), "meta" (built on meta,
     materialized) or "own-cache" (each rank its own profile cache,
     $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on), or
@@ -140,6 +141,9 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         if extra == "dropped":
             from zoo import dropping
             dropping(1.0)(model)
+        elif extra == "lora":
+            from zoo import lora_adapters
+            lora_adapters(case_name[len("zoo:"):])(model)
         eager = copy.deepcopy(model)
     options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
     if pipeline == "auto":
@@ -206,12 +210,15 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
                          if q.grad is not None)
         max_grad = max(max_grad, grad_scale)
         for (n, p), q in zip(model.named_parameters(), eager.parameters()):
-            got = _summed(p.grad, p)
-            tol.assert_close(got, q.grad, scale=grad_scale,
-                             msg=lambda m: f"step {step}, grad of {n}: {m}")
             here = torch.tensor([1 if p.grad is not None else 0], device=dev)
             dist.all_reduce(here)
             counts[n] = int(here.item())
+            if q.grad is None:  # frozen: on no rank
+                assert counts.pop(n) == 0, f"step {step}: frozen {n} got a gradient"
+                continue
+            got = _summed(p.grad, p)
+            tol.assert_close(got, q.grad, scale=grad_scale,
+                             msg=lambda m: f"step {step}, grad of {n}: {m}")
             if p.grad is not None:
                 owners[n] = dist.get_rank()
         assert all(c == 1 for c in counts.values()), f"each gradient on one rank: {counts}"
@@ -248,9 +255,12 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     # bias, holds only that rounding noise).
     update_scale = 0.05 * steps / (1 - 0.9) * max_grad
     for n, p in model.named_parameters():
+        want = dict(eager.named_parameters())[n].detach()
+        if not p.requires_grad:  # frozen: every rank's copy as it was
+            assert torch.equal(p.detach(), want), f"frozen {n} changed"
+            continue
         mine = p.detach().clone() if owners.get(n) == dist.get_rank() else torch.zeros_like(p)
         dist.all_reduce(mine)
-        want = dict(eager.named_parameters())[n].detach()
         tol.assert_close(mine, want, scale=max(float(want.abs().max()), update_scale),
                          msg=lambda m: f"parameter {n} after {steps} steps: {m}")
     # The state for a checkpoint: each entry in exactly one rank's shard, and

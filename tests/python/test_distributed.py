@@ -302,6 +302,17 @@ def test_a_checkpointed_dropout_trains_over_ranks_like_eager(schedule: str) -> N
     assert all(r["replayed"] for r in results), results
 
 
+@pytest.mark.parametrize("case,schedule", [("zoo:llama", "none"), ("zoo:gpt2", "1f1b")])
+def test_lora_fine_tuning_trains_over_ranks_like_eager(case: str, schedule: str) -> None:
+    # peft's LoRA adapters with every base weight frozen: the worker checks
+    # the loss, that no rank has a gradient for a frozen weight and every
+    # adapter's is on one rank equal to eager's, the adapters after 3 steps,
+    # and that every rank's frozen copy is untouched.
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    _all_ok(_launch(2, "train", case, "3", schedule, "lora"))
+
+
 @pytest.mark.parametrize("world,case,schedule", [(2, "gpt", "1f1b")])
 def test_a_group_per_direction_trains_like_one(world: int, case: str, schedule: str,
                                                monkeypatch) -> None:

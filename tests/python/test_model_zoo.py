@@ -31,7 +31,7 @@ pytest.importorskip("transformers")
 
 import modelpar  # noqa: E402
 from tolerances import Reordered  # noqa: E402
-from zoo import ZOO, ZooCase, checkpointed, dropping  # noqa: E402
+from zoo import ZOO, ZooCase, checkpointed, dropping, frozen_first_half, lora_adapters  # noqa: E402
 
 MICROBATCHES = 2
 STEPS = 3
@@ -424,6 +424,23 @@ def test_a_checkpointed_dropout_replays_over_devices_and_pipelines(mode: str) ->
     # the joint step, scale 0) must give eager's step exactly.
     _run("gpt2", mode, prepare=dropping(1.0), allow_random=True)
     assert _replays_dropout(modelpar.plans()[-1])
+
+
+@pytest.mark.parametrize("name,mode", [("llama", "m-etf"), ("llama", "1f1b-except_last"),
+                                       ("gpt2", "gpipe-never"), ("t5", "1f1b-never"),
+                                       ("bert", "m-sct")])
+def test_lora_fine_tuning_trains_like_eager(name: str, mode: str) -> None:
+    """Fine-tuning as peft does it: LoRA adapters on the attention
+    projections, every base weight frozen (no gradient, never updated; the
+    backward returns None for it and the plan must not move or sum one)."""
+    pytest.importorskip("peft")
+    _run(name, mode, prepare=lora_adapters(name))
+
+
+@pytest.mark.parametrize("name,mode", [("llama", "gpipe-never"), ("bert", "1f1b-except_last"),
+                                       ("vit", "m-etf")])
+def test_a_frozen_backbone_trains_like_eager(name: str, mode: str) -> None:
+    _run(name, mode, prepare=frozen_first_half)
 
 
 def test_a_model_that_checkpoints_itself_keeps_its_choice_by_default() -> None:

@@ -227,3 +227,39 @@ def dropping(p: float):
                 m.p = p
     return prepare
 
+
+
+# The attention projections LoRA adapts in each architecture (peft's usual
+# target_modules for it).
+LORA_TARGETS: dict[str, list[str]] = {
+    "llama": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"], "mistral": ["q_proj", "v_proj"],
+    "mixtral": ["q_proj", "v_proj"], "gpt2": ["c_attn"], "bert": ["query", "value"],
+    "vit": ["query", "value"], "t5": ["q", "v"], "bart": ["q_proj", "v_proj"],
+}
+
+
+def lora_adapters(name: str) -> Callable[[nn.Module], None]:
+    """A model preparation: fine-tuning with LoRA adapters (peft, rank 4) on
+    the attention projections, every other parameter frozen (requires_grad
+    False, as peft's get_peft_model leaves them). The adapters' B matrices
+    start at small random values instead of peft's zeros, so that every
+    gradient of the first step is nonzero."""
+    def prepare(model: nn.Module) -> None:
+        from peft import LoraConfig, inject_adapter_in_model
+        inject_adapter_in_model(LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                           target_modules=LORA_TARGETS[name]), model)
+        g = _gen(1)
+        for n, p in model.named_parameters():
+            p.requires_grad_("lora_" in n)
+            if "lora_B" in n:
+                with torch.no_grad():
+                    p.copy_(0.02 * torch.randn(p.shape, generator=g))
+    return prepare
+
+
+def frozen_first_half(model: nn.Module) -> None:
+    """A model preparation: the first half of the parameters (embeddings and
+    the early layers) frozen, as fine-tuning the top of a network does."""
+    params = list(model.parameters())
+    for p in params[:len(params) // 2]:
+        p.requires_grad_(False)
