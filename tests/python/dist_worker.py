@@ -19,6 +19,9 @@ Scenarios:
       model is built on the meta device and materialized (each rank
       initialises only what it owns); eager is the same model materialized
       whole in this process.
+  loop twice|accumulate PIPELINE  the GPT trained as loops are written:
+      the model alone called on two batches before one backward, or two
+      backward calls per update; gradients summed over ranks against eager.
   memory PIPELINE  a wide MLP built on the meta device and materialized: the
       pages of the parameters other ranks own are never resident, those of
       its own are; 3 steps equal eager.
@@ -503,6 +506,49 @@ def first_rank() -> None:
     raise AssertionError("rank 0's error did not reach this rank")
 
 
+def loop(pattern: str, pipeline: str) -> None:
+    """The GPT trained over the ranks as loops are written: "twice" (the
+    model alone compiled, called on two batches before one backward) or
+    "accumulate" (two backward calls into .grad before each update); the
+    losses and every gradient (summed over ranks) against eager."""
+    case = CASES["gpt"]
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0}
+    if pipeline != "none":
+        options["pipeline"] = {"schedule": pipeline, "microbatches": 2}
+    tol = case.tol.after(steps=4)
+    losses = []
+    if pattern == "twice":
+        fast = torch.compile(model, backend="modelpar", options=options)
+        for step in range(2):
+            x1, y = case.batch(step, 8)
+            x2, _ = case.batch(step + 10, 8)
+            loss = case.loss(fast(x1), y) + 0.5 * case.loss(fast(x2), y)
+            ref = case.loss(eager(x1), y) + 0.5 * case.loss(eager(x2), y)
+            tol.assert_close(loss.detach(), ref.detach(), msg=lambda m: f"step {step}: {m}")
+            loss.backward()
+            ref.backward()
+            losses.append(float(loss))
+    else:
+        fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                             options=options)
+        for part in range(2):
+            x, y = case.batch(part, 8)
+            loss = fast(x, y) / 2
+            ref = case.loss(eager(x), y) / 2
+            tol.assert_close(loss.detach(), ref.detach(), msg=lambda m: f"part {part}: {m}")
+            loss.backward()
+            ref.backward()
+            losses.append(float(loss))
+    scale = max(float(q.grad.abs().max()) for q in eager.parameters())
+    for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+        tol.assert_close(_summed(p.grad, p), q.grad, scale=scale,
+                         msg=lambda m, n=n: f"grad of {n}: {m}")
+    _result(losses=losses)
+
+
 def main() -> None:
     backend = os.environ.get("MODELPAR_DIST_BACKEND", "gloo")
     if backend == "nccl":
@@ -513,6 +559,8 @@ def main() -> None:
         if scenario == "train":
             train(args[0], int(args[1]), args[2] if len(args) > 2 else None,
                   args[3] if len(args) > 3 else None)
+        elif scenario == "loop":
+            loop(args[0], args[1])
         elif scenario == "memory":
             memory(args[0])
         elif scenario == "fault":

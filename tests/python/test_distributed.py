@@ -302,6 +302,17 @@ def test_a_checkpointed_dropout_trains_over_ranks_like_eager(schedule: str) -> N
     assert all(r["replayed"] for r in results), results
 
 
+@pytest.mark.filterwarnings("ignore:modelpar pipeline")
+@pytest.mark.parametrize("pattern,schedule", [("twice", "none"), ("twice", "gpipe"),
+                                              ("accumulate", "1f1b")])
+def test_training_loops_over_ranks_like_eager(pattern: str, schedule: str) -> None:
+    # The model called twice before one backward (each call's saved
+    # activations kept on every rank), and gradient accumulation (two
+    # backward calls into each owner's .grad): tests/python/test_training_loops.py
+    # in one process.
+    _all_ok(_launch(2, "loop", pattern, schedule))
+
+
 @pytest.mark.parametrize("case,schedule", [("zoo:llama", "none"), ("zoo:gpt2", "1f1b")])
 def test_lora_fine_tuning_trains_over_ranks_like_eager(case: str, schedule: str) -> None:
     # peft's LoRA adapters with every base weight frozen: the worker checks
