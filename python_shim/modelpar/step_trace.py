@@ -82,19 +82,9 @@ class StepTrace:
         t0 = min(r.start_ns for r in self.runs)
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
-        for run in self.runs:
-            shift = (run.start_ns - t0) / 1e3  # each run's events at its own start
-            for e in run.events:
-                e = dict(e)
-                if e.get("ph") == "M":
-                    key = json.dumps(e, sort_keys=True)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                elif "ts" in e:
-                    e["ts"] = e["ts"] + shift
-                    e["args"] = {**e.get("args", {}), "graph": run.kind, "piece": run.piece}
-                out.append(e)
+        for run in self.runs:  # each run's events at its own start
+            _append(out, seen, run.events, (run.start_ns - t0) / 1e3,
+                    {"graph": run.kind, "piece": run.piece})
         return out
 
     def _simulated(self) -> list[dict[str, Any]]:
@@ -104,20 +94,31 @@ class StepTrace:
         pieces = dict.fromkeys(r.piece for r in self.runs if r.piece in self.simulated)
         for piece in pieces:  # in the order they first ran in this step
             plan = self.simulated[piece]
-            end = at
-            for e in json.loads(plan.trace())["traceEvents"]:
-                if e.get("ph") == "M":
-                    key = json.dumps(e, sort_keys=True)
-                    if key in seen:
-                        continue
-                    seen.add(key)
-                elif "ts" in e:
-                    e["ts"] = e["ts"] + at
-                    end = max(end, e["ts"] + e.get("dur", 0.0))
-                    e["args"] = {**e.get("args", {}), "piece": piece}
-                out.append(e)
+            end = _append(out, seen, json.loads(plan.trace())["traceEvents"], at,
+                          {"piece": piece})
             at = max(end, at + plan.step_time_us)
         return out
+
+
+def _append(out: list[dict[str, Any]], seen: set[str], events: list[dict[str, Any]],
+            shift_us: float, args: dict[str, str]) -> float:
+    """Appends ``events`` to ``out``: timed ones ``shift_us`` later with
+    ``args`` added, metadata (process and thread names) once. Returns the
+    end of the last timed event (``shift_us`` if none)."""
+    end = shift_us
+    for e in events:
+        e = dict(e)
+        if e.get("ph") == "M":
+            key = json.dumps(e, sort_keys=True)
+            if key in seen:
+                continue
+            seen.add(key)
+        elif "ts" in e:
+            e["ts"] = e["ts"] + shift_us
+            e["args"] = {**e.get("args", {}), **args}
+            end = max(end, e["ts"] + e.get("dur", 0.0))
+        out.append(e)
+    return end
 
 
 _lock = threading.Lock()
