@@ -184,7 +184,10 @@ void Executor::Impl::execute(int d, size_t i) {
         if (capture_ != nullptr && !capture_->fenceApplies(d, m)) continue;
         mail_[static_cast<size_t>(m)].done->block(lane.device->compute());
       }
+      std::unique_lock<std::mutex> seeded;  // Note [Reproducible random ops over workers]
+      if (s.seeded) seeded = seeding_->seed(s.node, lane.place_on.value_or(c10::Device(c10::kCPU)));
       std::vector<c10::IValue> out = s.op->call(lane.env, lane.place_on ? &*lane.place_on : nullptr);
+      if (seeded.owns_lock()) seeded.unlock();
       for (size_t k = 0; k < out.size(); ++k) {
         lane.env[static_cast<size_t>((*s.defs)[k])] = std::move(out[k]);
       }
@@ -344,6 +347,15 @@ std::vector<c10::IValue> Executor::Impl::runStep(std::vector<c10::IValue>& input
   } clear_at_exit{this};
   inputs_ = &inputs;
   tls_.emplace();
+  // Note [Reproducible random ops over workers]: the generators as the step
+  // seed's draw left them, whatever happens below.
+  struct EndSeeding {
+    std::optional<RandomSeeding>& seeding;
+    ~EndSeeding() {
+      if (seeding) seeding->endStep();
+    }
+  } end_seeding{seeding_};
+  if (seeding_) seeding_->beginStep(seeded_devices_);
   t0_ = Clock::now();
   for (Lane& lane : lanes_) lane.device->acceptFromCaller();
   {

@@ -21,6 +21,7 @@
 #include "runtime/device.h"
 #include "runtime/executor.h"
 #include "runtime/op_call.h"
+#include "runtime/random_seeding.h"
 
 namespace modelpar::runtime::detail {
 
@@ -36,6 +37,8 @@ struct Step {
   int peer = -1;
   int32_t mail = -1;            // send, recv: the mailbox slot
   std::vector<int32_t> fence;   // run that writes an input: sends to finish first
+  ir::NodeId node = ir::kNoId;  // run
+  bool seeded = false;          // run of a random op seeded per op (random_seeding.h)
 };
 
 /// One send -> recv pair (a Program sends each (value, from, to) once).
@@ -186,6 +189,11 @@ class Executor::Impl {
   std::atomic<bool> cancelled_{false};
   std::mutex fail_mu_;
   std::optional<Failure> failure_;
+
+  // Note [Reproducible random ops over workers]: set when the program's
+  // random ops may run in either order; the devices whose generators they use.
+  std::optional<RandomSeeding> seeding_;
+  std::vector<c10::Device> seeded_devices_;
 
   // Replay::Graphs; capture_ is set only during a capture step.
   detail::GraphReplayState graph_;

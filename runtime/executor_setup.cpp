@@ -1,6 +1,7 @@
 // Building an Executor (executor.h): resolving a Program into per-device
 // steps and mailbox slots, creating the devices and starting one worker per
 // logical device. Running a step is in executor.cpp.
+#include <algorithm>
 #include <map>
 #include <tuple>
 #include <utility>
@@ -9,6 +10,7 @@
 #include <c10/util/Exception.h>
 
 #include "ir/printer.h"
+#include "ir/random_ops.h"
 #include "ir/verifier.h"
 #include "runtime/check.h"
 #include "runtime/executor_impl.h"
@@ -134,6 +136,7 @@ void Executor::Impl::resolve() {
                     InvalidIrError, where(d, i), ": no such node");
         s.op = &ops_[static_cast<size_t>(inst.node)];
         s.defs = &g.node(inst.node).outputs;
+        s.node = inst.node;
         if (writes[static_cast<size_t>(inst.node)]) s.fence = std::exchange(unfenced, {});
         continue;
       }
@@ -163,6 +166,21 @@ void Executor::Impl::resolve() {
       MP_RT_CHECK(!received[static_cast<size_t>(s.mail)], InvalidIrError, where(d, i), ": %",
                   g.value(s.value).name, " is received from device ", s.peer, " twice");
       received[static_cast<size_t>(s.mail)] = true;
+    }
+  }
+  // Note [Reproducible random ops over workers].
+  if (!randomOpsOrdered(program_)) {
+    seeding_.emplace();
+    for (Lane& lane : lanes_) {
+      const c10::Device gen_device = lane.place_on.value_or(c10::Device(c10::kCPU));
+      for (Step& s : lane.steps) {
+        if (s.kind != Kind::Run || !ir::isRandomOp(g.node(s.node).op)) continue;
+        s.seeded = true;
+        if (std::find(seeded_devices_.begin(), seeded_devices_.end(), gen_device) ==
+            seeded_devices_.end()) {
+          seeded_devices_.push_back(gen_device);
+        }
+      }
     }
   }
   if (options_.record_trace) {

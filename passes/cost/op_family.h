@@ -38,10 +38,6 @@ bool isInPlaceOp(std::string_view op);
 ir::ValueId writtenInput(const ir::Graph& g, const ir::Node& n,
                          const std::vector<ir::ValueId>& roots);
 
-/// True for ops that draw from a random generator (dropout, bernoulli,
-/// rand*, normal_, ...): running them twice gives different values.
-bool isRandomOp(std::string_view op);
-
 /// True when the node's outputs share the storage of its first tensor input
 /// (View family or in-place).
 bool aliasesInput(const ir::Node& n);

@@ -13,6 +13,7 @@
 #include "ir/check.h"
 #include "ir/node_copy.h"
 #include "passes/option_names.h"
+#include "ir/random_ops.h"
 #include "passes/cost/op_family.h"
 
 namespace modelpar::passes {
@@ -98,7 +99,7 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
   for (size_t n = 0; n < nn; ++n) {
     const ir::Node& nd = g.nodes()[n];
     candidate[n] = nd.phase == Phase::Forward && nd.microbatch && checkpointed(*nd.microbatch) &&
-                   !nd.outputs.empty() && !isRandomOp(nd.op) && !isInPlaceOp(nd.op) &&
+                   !nd.outputs.empty() && !ir::isRandomOp(nd.op) && !isInPlaceOp(nd.op) &&
                    !touchesMutated(nd);
   }
   auto groupOf = [&](NodeId n) {

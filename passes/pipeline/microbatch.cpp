@@ -13,6 +13,7 @@
 
 #include "ir/check.h"
 #include "ir/node_copy.h"
+#include "ir/random_ops.h"
 #include "passes/cost/op_family.h"
 #include "passes/option_names.h"
 #include "passes/pipeline/microbatch_impl.h"
@@ -300,7 +301,7 @@ void Microbatcher::checkExactness() const {
     if (d_.where[n] != Where::PerMb) continue;
     const ir::Node& nd = g_.nodes()[n];
     auto id = static_cast<NodeId>(n);
-    MP_CHECK(o_.allow_random || !isRandomOp(nd.op), UnsupportedOpError,
+    MP_CHECK(o_.allow_random || !ir::isRandomOp(nd.op), UnsupportedOpError,
              "{}: graph @{}: {} draws random numbers per micro-batch, so its mask / samples "
              "differ from the full batch's; set allow_random to accept that",
              kWho, g_.name(), ref(id));

@@ -8,11 +8,13 @@
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/allclose.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/ones.h>
 #include <ATen/ops/randn.h>
 #include <ATen/ops/relu.h>
 #include <c10/core/GradMode.h>
@@ -158,6 +160,45 @@ TEST(Executor, RepeatedStepsAreDeterministic) {
   Executor ex(p, DeviceMap::cpuWorkers(4, 1));
   std::vector<IValue> first = ex.run(in);
   for (int k = 0; k < 10; ++k) expectSame(ex.run(in), first);
+}
+
+// Note [Reproducible random ops over workers]: two dropouts on two workers
+// that may run in either order draw what their step and node decide, not
+// what the other left in the shared generator. Sleeps before them make each
+// run first in turn: the outputs are the same both ways (they differed: the
+// first to run took the generator's first numbers), the same again after
+// manual_seed, and the next step draws other masks.
+TEST(Executor, RandomOpsDrawTheSameWhicheverWorkerRunsFirst) {
+  auto program = [](int sleep0, int sleep1) {
+    return ir::parseProgram(c10::str(R"(
+      program devices=2
+      graph @g(%x: f32[4096] input {device=0}, %y: f32[4096] input {device=1}) {
+        %sx: f32[4096] = modelpar_test::sleep_ms(%x, )", sleep0, R"() {device=0}
+        %a: f32[4096], %ma: bool[4096] = aten::native_dropout(%sx, 0.5, true) {device=0}
+        %sy: f32[4096] = modelpar_test::sleep_ms(%y, )", sleep1, R"() {device=1}
+        %b: f32[4096], %mb: bool[4096] = aten::native_dropout(%sy, 0.5, true) {device=1}
+        return %a, %b
+      }
+      device 0 { run %sx
+        run %a }
+      device 1 { run %sy
+        run %b }
+    )"));
+  };
+  const std::vector<IValue> in{at::ones({4096}), at::ones({4096})};
+  Executor first0(program(0, 40), DeviceMap::cpuWorkers(2, 1));
+  Executor first1(program(40, 0), DeviceMap::cpuWorkers(2, 1));
+  at::manual_seed(0);
+  std::vector<IValue> a = first0.run(in);
+  std::vector<IValue> a_next = first0.run(in);
+  at::manual_seed(0);
+  std::vector<IValue> b = first1.run(in);
+  expectSame(a, b);
+  at::manual_seed(0);
+  expectSame(first0.run(in), a);
+  EXPECT_FALSE(at::equal(a_next[0].toTensor(), a[0].toTensor()));
+  // Each dropout draws its own mask: the two devices' differ.
+  EXPECT_FALSE(at::equal(a[0].toTensor(), a[1].toTensor()));
 }
 
 // Two devices with nothing to exchange: each sleeps 150 ms. The measured
