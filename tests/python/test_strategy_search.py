@@ -395,3 +395,52 @@ def test_auto_places_the_pieces_of_a_broken_model_it_cannot_pipeline():
     runs = [p.runs_on for p in modelpar.plans()]
     assert sum("not pipelined" in r for r in runs) == 3, runs
     assert any("strategy auto" in r for r in runs), runs
+
+
+def test_auto_pipelines_a_model_with_dropout_and_not_one_that_permutes_its_batch(
+        tmp_path, monkeypatch):
+    """Note [The searched step keeps the model's math]: dropout drawn per
+    micro-batch has its full-batch distribution, so a model with dropout
+    (GPT-2's 0.1) gets pipeline candidates (every one failed before); a
+    batch permutation drawn per
+    micro-batch would permute within micro-batches, so that model's
+    pipelines of several micro-batches stay failed, naming randperm."""
+    transformers = pytest.importorskip("transformers")
+    import torch.nn.functional as F
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
+                                  n_head=4)  # every dropout at its default 0.1
+    gpt = transformers.GPT2LMHeadModel(cfg).train()
+    fast = torch.compile(lambda x, y: F.cross_entropy(gpt(x).logits.flatten(0, 1), y.flatten()),
+                         backend="modelpar", options={"devices": 2, "strategy": "auto"})
+    x = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(0))
+    loss = fast(x, torch.roll(x, -1, 1))
+    loss.backward()
+    assert math.isfinite(float(loss))
+    assert all(p.grad is not None for p in gpt.parameters())
+    plan = modelpar.plans()[-1]
+    pipelines = [c for c in plan.candidates if c["kind"] == "pipeline"]
+    assert pipelines and not [c for c in pipelines if c["status"] == "failed"], plan.search.table()
+
+    class Shuffled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2 = torch.nn.Linear(16, 16), torch.nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            h = torch.relu(self.fc1(x))
+            return self.fc2(h[torch.randperm(h.shape[0])])
+
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    model = Shuffled()
+    fast = torch.compile(lambda x, y: F.mse_loss(model(x), y), backend="modelpar",
+                         options={"devices": 2, "strategy": "auto"})
+    fast(torch.randn(8, 16), torch.randn(8, 4)).backward()
+    plan = modelpar.plans()[-1]
+    split = [c for c in plan.candidates if c["kind"] == "pipeline" and c["microbatches"] > 1]
+    assert split and all(c["status"] == "failed" and "randperm" in c["reason"] for c in split), \
+        plan.search.table()
