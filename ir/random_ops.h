@@ -8,10 +8,12 @@
 namespace modelpar::ir {
 
 /// True for ops that draw from a random generator (dropout, bernoulli,
-/// rand*, normal_, ...): running them twice gives different values.
+/// rand*, normal_, ...), whatever the overload: running them twice gives
+/// different values.
 ///
 /// Example:
 ///   isRandomOp("aten::native_dropout")   // true
+///   isRandomOp("aten::bernoulli.p")      // true
 ///   isRandomOp("aten::mm")               // false
 bool isRandomOp(std::string_view op);
 

@@ -64,7 +64,7 @@ struct PipelineOptions {
   std::string checkpoint = "except_last";  // "always", "except_last", "never"
   bool portals = true;
   std::string batch_norm = "deferred";     // "refuse", "deferred"
-  bool allow_random = false;
+  bool allow_random = true;               // dropout & co. per micro-batch; randperm never (Note [Random ops per micro-batch])
   std::string loss_reduction = "auto";     // "auto", "mean", "sum"
   /// Names of the step's inputs whose dimension 0 is the batch (as in
   /// lastGraph(); modelpar::nameTensor names them). Empty: every data input

@@ -291,6 +291,20 @@ void Microbatcher::decideCombinations() {
            kWho, g_.name());
 }
 
+// Note [Random ops per micro-batch]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// Dropout, bernoulli, rand_like and the like draw each element on its own:
+// drawn per micro-batch, the masks are not the full batch's bit for bit but
+// have its distribution, which is how torchgpipe's pipelines draw dropout.
+// torch.compile's pipeline option and strategy="auto" allow them (the
+// option's allow_random defaults to True; False refuses them, for a step
+// that must equal eager's bit for bit); this pass's own default refuses.
+// A permutation is different: randperm(B) per micro-batch permutes each
+// micro-batch's rows among themselves, a different shuffle of the batch, so
+// it is refused whatever allow_random says. The executor makes the draws
+// reproducible (Note [Reproducible random ops over workers] in
+// runtime/random_seeding.cpp).
+
 // 5. Random ops, in-place ops on shared values, batch statistics, the loss path.
 void Microbatcher::checkExactness() const {
   // One micro-batch is the whole batch: every reduction, draw and in-place
@@ -301,6 +315,12 @@ void Microbatcher::checkExactness() const {
     if (d_.where[n] != Where::PerMb) continue;
     const ir::Node& nd = g_.nodes()[n];
     auto id = static_cast<NodeId>(n);
+    // Note [Random ops per micro-batch]: a permutation drawn per
+    // micro-batch permutes within each one, not over the batch.
+    MP_CHECK(nd.op.rfind("aten::randperm", 0) != 0, UnsupportedOpError,
+             "{}: graph @{}: {} draws a permutation per micro-batch, which would permute "
+             "within each micro-batch instead of over the batch; draw it outside the compiled "
+             "step, or use one micro-batch", kWho, g_.name(), ref(id));
     MP_CHECK(o_.allow_random || !ir::isRandomOp(nd.op), UnsupportedOpError,
              "{}: graph @{}: {} draws random numbers per micro-batch, so its mask / samples "
              "differ from the full batch's; set allow_random to accept that",

@@ -126,7 +126,9 @@ struct MicrobatchOptions {
   std::string seed;
   LossReduction loss_reduction = LossReduction::Auto;
   /// Allow random ops in the micro-batches: they then draw per micro-batch,
-  /// so the result is a valid step but not the full batch's bit for bit.
+  /// so the result is a valid step but not the full batch's bit for bit
+  /// (Note [Random ops per micro-batch] in microbatch.cpp). A permutation
+  /// (randperm) per micro-batch is refused either way.
   bool allow_random = false;
   /// Accumulate gradients from the last micro-batch to the first (each add
   /// carries the mb of the gradient it adds), the order GPipe's backwards

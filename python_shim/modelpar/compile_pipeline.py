@@ -122,10 +122,9 @@ class PipelineStep:
     def __init__(self, opts: CompileOptions, plan_record: Any, name: str) -> None:
         self.opts = opts
         # Note [The searched step keeps the model's math] (step_search.py):
-        # strategy="auto" never defers batch norm (only the pipeline option
-        # does); its pipelines draw dropout per micro-batch.
+        # strategy="auto" never defers batch norm; only the pipeline option does.
         self.options = pipeline_options(opts.pipeline if opts.pipeline is not None
-                                        else {"batch_norm": "refuse", "allow_random": True})
+                                        else {"batch_norm": "refuse"})
         self.record = plan_record
         self.name = name
         self.stash = _StashTable()

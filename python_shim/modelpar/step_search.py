@@ -47,14 +47,14 @@ candidates too, so such a model still has a plan.
 
 Random ops are another matter: dropout, bernoulli, rand_like and the like
 draw each element on its own, so drawn per micro-batch they have the
-distribution they have over the whole batch (torchgpipe's pipelines draw
-dropout so). ``strategy="auto"`` therefore searches pipelines of a model with
-dropout (``allow_random``; GPT-2 and BERT train with dropout 0.1, and all
-their pipelines were failed candidates), reproducible under
-torch.manual_seed (Note [Reproducible random ops over workers] in
-runtime/random_seeding.cpp). A permutation (``randperm``) drawn per
-micro-batch would permute within micro-batches only: a step that draws one
-keeps its pipelines refused.
+distribution they have over the whole batch (Note [Random ops per
+micro-batch] in passes/pipeline/microbatch.cpp). ``strategy="auto"``
+therefore searches pipelines of a model with dropout (GPT-2 and BERT train
+with dropout 0.1, and all their pipelines were failed candidates),
+reproducible under torch.manual_seed (Note [Reproducible random ops over
+workers] in runtime/random_seeding.cpp). A permutation (``randperm``) drawn
+per micro-batch would permute within micro-batches only: a step that draws
+one keeps its pipelines of several micro-batches refused.
 
 Over a process group (``devices="world"``), rank 0 times the nodes and
 measures the cores, and every rank searches with its numbers (Note
@@ -125,20 +125,13 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
         record.search_machine = Path(machine).read_text() if machine else None
         return search_strategy(graph, opts.devices, batch, machine=machine,
                                memory=opts.memory, loss_reduction=options["loss_reduction"],
-                               allow_random=options["allow_random"]
-                               and not _draws_a_permutation(graph),
+                               allow_random=options["allow_random"],
                                batch_norm=options["batch_norm"], portals=options["portals"],
                                schedules=("gpipe",) if split else (),
                                one_device=not split and not opts.world,
                                placements=not split,
                                microbatches=_searched_counts(opts.devices, batch, split),
                                microbatch_launch_us=record.search_microbatch_launch_us)
-
-
-def _draws_a_permutation(graph: Any) -> bool:
-    """Whether the step draws a random permutation (Note [The searched step
-    keeps the model's math])."""
-    return any(op.startswith("aten::randperm") for op, _layer, _phase in _C.graph_nodes(graph))
 
 
 def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,

@@ -413,7 +413,7 @@ def test_pipeline_option_gets_its_defaults() -> None:
     assert o.planned
     assert o.pipeline == {"microbatches": 8, "schedule": "gpipe", "partition": "balance-time",
                           "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
-                          "allow_random": False, "loss_reduction": "auto"}
+                          "allow_random": True, "loss_reduction": "auto"}
     # MadPipe's partition comes with its schedule when none is given.
     o = modelpar.resolve_options({"devices": 2, "pipeline": {"partition": "madpipe"}})
     assert (o.pipeline["schedule"], o.pipeline["partition"]) == ("1f1b*", "madpipe")

@@ -532,11 +532,13 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
     worker reached the shared generator first decided the masks: three runs
     of GPT-2 (dropout 0.1) after torch.manual_seed(0) ended at three
     different losses. Each dropout now draws from the step's seed and its
-    node: the runs are equal to the bit."""
+    node: the runs are equal to the bit. The pipeline option allows dropout
+    by default (Note [Random ops per micro-batch]); allow_random=False
+    refuses it, naming the op."""
     transformers = pytest.importorskip("transformers")
     import torch.nn.functional as F
 
-    def run() -> tuple[list[float], list[torch.Tensor]]:
+    def run(allow_random: bool | None = None) -> tuple[list[float], list[torch.Tensor]]:
         torch._dynamo.reset()
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
@@ -546,7 +548,9 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
             lambda x, y: F.cross_entropy(model(x).logits.flatten(0, 1), y.flatten()),
             backend="modelpar",
             options={"devices": 2, "strict": True,
-                     "pipeline": {"schedule": "1f1b", "microbatches": 4, "allow_random": True}})
+                     "pipeline": {"schedule": "1f1b", "microbatches": 4,
+                                  **({} if allow_random is None
+                                     else {"allow_random": allow_random})}})
         losses = []
         for step in range(2):
             x = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(step))
@@ -560,3 +564,5 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
         again = run()
         assert again[0] == first[0]
         assert all(torch.equal(a, b) for a, b in zip(again[1], first[1]))
+    with pytest.raises(modelpar.UnsupportedOpError, match="native_dropout draws random numbers"):
+        run(allow_random=False)

@@ -492,6 +492,21 @@ graph @drop(%x: f32[B, 3] input) {
   EXPECT_EQ(microbatch(ir::parseGraph(text), o).numNodes(), 5u);  // 2 slices, 2 dropouts, cat
 }
 
+// Note [Random ops per micro-batch]: a permutation per micro-batch is not
+// the batch's, allowed random ops or not.
+TEST(Microbatch, RejectsAPermutationDrawnPerMicroBatch) {
+  const char* text = R"(
+graph @shuffle(%x: f32[B, 3] input, %B: int input) {
+  %p: i64[B] = aten::randperm(%B, dtype.i64) {layer="s", phase=fwd}
+  %o: f32[B, 3] = aten::index_select(%x, 0, %p) {layer="s", phase=fwd}
+  return %o
+})";
+  MicrobatchOptions o = opts(2, 4);
+  o.allow_random = true;
+  std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), o); });
+  EXPECT_HAS(msg, "%p = aten::randperm draws a permutation per micro-batch");
+}
+
 TEST(Microbatch, RejectsALossThatIsNotAWeightedSum) {
   const char* text = R"(
 graph @sq(%x: f32[B, 3] input) {
