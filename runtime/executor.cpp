@@ -184,8 +184,13 @@ void Executor::Impl::execute(int d, size_t i) {
         if (capture_ != nullptr && !capture_->fenceApplies(d, m)) continue;
         mail_[static_cast<size_t>(m)].done->block(lane.device->compute());
       }
-      std::unique_lock<std::mutex> seeded;  // Note [Reproducible random ops over workers]
-      if (s.seeded) seeded = seeding_->seed(s.node, lane.place_on.value_or(c10::Device(c10::kCPU)));
+      // Note [Reproducible random ops over workers]; not inside a CUDA graph
+      // capture, where a generator must not be reseeded (its replays keep
+      // the generator's own order).
+      std::unique_lock<std::mutex> seeded;
+      if (s.seeded && capture_ == nullptr) {
+        seeded = seeding_->seed(s.node, lane.place_on.value_or(c10::Device(c10::kCPU)));
+      }
       std::vector<c10::IValue> out = s.op->call(lane.env, lane.place_on ? &*lane.place_on : nullptr);
       if (seeded.owns_lock()) seeded.unlock();
       for (size_t k = 0; k < out.size(); ++k) {
@@ -355,7 +360,7 @@ std::vector<c10::IValue> Executor::Impl::runStep(std::vector<c10::IValue>& input
       if (seeding) seeding->endStep();
     }
   } end_seeding{seeding_};
-  if (seeding_) seeding_->beginStep(seeded_devices_);
+  if (seeding_ && capture_ == nullptr) seeding_->beginStep(seeded_devices_);
   t0_ = Clock::now();
   for (Lane& lane : lanes_) lane.device->acceptFromCaller();
   {
