@@ -16,6 +16,24 @@
 // device's instructions, and a transfer completing only unblocks its two
 // endpoints, so after each transfer only those two devices are advanced.
 // A pending dependency is re-checked from where it stopped, never rescanned.
+//
+// Note [A link's latency does not hold it]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A transfer takes link.latency_us + bytes / bandwidth from its start to
+// the value's arrival, but it holds the sender's send channel and the
+// receiver's receive channel for the bytes only: the next transfer on
+// either may start while the first's latency runs. What a profile
+// calibrates as latency is the hand-off's fixed delay (the receiver seeing
+// the value: waking, polling, an event's round trip: modelpar's CPU
+// profile measured 13-66 us on 2-vCPU VMs), not time the link is busy, and
+// the hand-offs of back-to-back sends overlap in the executor. Held for
+// the whole transfer, a stage that sends two values per micro-batch
+// serialised them at the hand-off's pace: mlp's GPipe of 32 micro-batches
+// over 2 CPU workers sends 64 values forward, simulated at 64 x 63.5 us of
+// held link (6406 us) where it ran in 3578 us (2830 at best), and its 1F1B
+// (which interleaves its sends with compute) simulated below GPipe where it
+// ran slower. The send overhead (DeviceModel::sendOverheadUs) is what each
+// send costs its sender, in the sender's compute.
 #include "passes/lower/simulate.h"
 
 #include <algorithm>
@@ -89,6 +107,7 @@ class Simulator {
   void compile() {
     devices_.resize(static_cast<size_t>(nd_));
     duration_.assign(n_, 0.0);
+    held_.assign(n_, 0.0);
     dep_begin_.assign(n_ + 1, 0);
     match_.assign(n_, kNone);
     // Receives by value, to match sends: CSR of (gid) with device / peer.
@@ -170,6 +189,9 @@ class Simulator {
                      ins.peer, nd_);
             duration_[static_cast<size_t>(gid)] =
                 m_.transferUs(d, ins.peer, flat_.dense_bytes[static_cast<size_t>(ins.value)]);
+            // Note [A link's latency does not hold it]
+            held_[static_cast<size_t>(gid)] =
+                duration_[static_cast<size_t>(gid)] - m_.link(d, ins.peer).latency_us;
             auto v = static_cast<size_t>(ins.value);
             for (int32_t k = recv_begin[v]; k < recv_begin[v + 1]; ++k) {
               int32_t r = recvs[static_cast<size_t>(k)];
@@ -265,20 +287,22 @@ class Simulator {
       start = to.rx_free;
       cause = to.last_rx;
     }
-    double dur = duration_[static_cast<size_t>(s)];
-    double end = start + dur;
+    double end = start + duration_[static_cast<size_t>(s)];
     for (int32_t gid : {s, r}) {
       start_[static_cast<size_t>(gid)] = start;
       end_[static_cast<size_t>(gid)] = end;
     }
     cause_[static_cast<size_t>(r)] = cause;
     cause_[static_cast<size_t>(s)] = r;  // the transfer is represented by its recv
-    from.tx_free = end;
+    // Note [A link's latency does not hold it]: the channels are held for
+    // the bytes only; the value arrives the link's latency after that.
+    double held = held_[static_cast<size_t>(s)];
+    from.tx_free = start + held;
     from.last_tx = r;
-    from.send_busy += dur;
-    to.rx_free = end;
+    from.send_busy += held;
+    to.rx_free = start + held;
     to.last_rx = r;
-    to.recv_busy += dur;
+    to.recv_busy += held;
     ++from.send_ptr;
     from.send_dep_pos = 0;
     from.outstanding = false;
@@ -419,6 +443,7 @@ class Simulator {
   std::vector<int32_t> offset_;
   std::vector<Device> devices_;
   std::vector<double> duration_, start_, end_;
+  std::vector<double> held_;  // per send: how long its transfer holds the two channels
   std::vector<int32_t> cause_, dep_begin_, deps_, match_;
   int64_t num_transfers_ = 0;
   using Request = std::pair<double, int>;  // (time, source device): ties to the lower device

@@ -11,8 +11,10 @@
 //     channel and the destination's receive channel: sends leave a device in
 //     program order, each once the value is there and the runs before it in
 //     program order have ended (the CUDA event a send waits on); the receive
-//     channel serves transfers first come, first served; it lasts
-//     link(src, dst).timeUs(dense bytes of the value);
+//     channel serves transfers first come, first served; the value arrives
+//     link(src, dst).timeUs(dense bytes of the value) after the start, and
+//     the two channels are held for the bytes / bandwidth part only (Note
+//     [A link's latency does not hold it] in simulate.cpp);
 //   * compute overlaps transfers; transfers at one device are serialised per
 //     direction; `free` takes no time; issuing a send costs the sender's
 //     compute the machine's send overhead, charged to the run before it.
@@ -22,8 +24,9 @@
 // during their run.
 //
 // Reports the step time (last end), per-device compute busy and idle time,
-// send / receive channel busy time, peak memory, and a critical path (runs
-// and receives, each the one that determined the next one's start). Runs in
+// send / receive channel busy time (the bytes / bandwidth parts), peak
+// memory, and a critical path (runs and receives, each the one that
+// determined the next one's start). Runs in
 // O(instructions + values) plus O(transfers log devices).
 //
 // Preconditions: the program verifies (ir::verify) and every node has a cost

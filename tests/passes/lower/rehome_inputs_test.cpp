@@ -61,18 +61,19 @@ TEST(RehomeInputs, AHomeThatReceivedFromTheBoundDeviceSendsInsteadAndTheOthersSt
 }
 
 TEST(RehomeInputs, TheRewrittenProgramRunsAsHandComputed) {
-  // Links of 10 us, runs of 1 us; a device's sends share its one tx channel
-  // and wait for the receives before them (Note [In-order issue]).
-  // Before: device 0 sends w to 1 at 0-10, runs a 0-1, sends w to 2 at 10-20
-  // and a at 20-30; c runs 30-31. After (w at home on 2): 2 sends w to 0 at
-  // 0-10; 0 forwards it to 1 at 10-20, runs a 10-11, sends a at 20-30; b
-  // runs 20-21, c 30-31: the transfer to 2 became the one from 2.
+  // Links of 10 us latency, which a transfer does not hold (Note [A link's
+  // latency does not hold it]), runs of 1 us; a send waits for the runs and
+  // receives before it (Note [In-order issue]). Before: device 0 sends w to
+  // 1 at 0 (it arrives at 10), runs a 0-1, then sends w and a to 2 at 1
+  // (both arrive at 11); c runs 11-12. After (w at home on 2): 2 sends w to
+  // 0 at 0-10; 0 forwards it to 1 at 10-20, runs a 10-11, sends a at 11-21;
+  // b runs 20-21, c 21-22: the fan-out now waits for w to come from home.
   DeviceModel m = DeviceModel::uniform(3, DeviceSpec{}, LinkSpec{10.0, 1e18});
   SimulationReport before = simulate(program(kFanOut), m, {.record_timeline = true});
   SimulationReport after = simulate(rehomeInputs(program(kFanOut), {{"w", 2}}), m,
                                     {.record_timeline = true});
-  EXPECT_NEAR(before.step_time_us, 31.0, 1e-9);
-  EXPECT_NEAR(after.step_time_us, 31.0, 1e-9);
+  EXPECT_NEAR(before.step_time_us, 12.0, 1e-9);
+  EXPECT_NEAR(after.step_time_us, 22.0, 1e-9);
   EXPECT_NEAR(after.start_us[0][2], 10.0, 1e-9);  // run a waits for w from its home
   EXPECT_NEAR(after.start_us[1][1], 20.0, 1e-9);  // run b: w forwarded by device 0
 }
