@@ -102,6 +102,14 @@ class Device {
   /// on the CPU compute stream; on a CPU transmit stream they are kept and
   /// rethrown by waits on that stream, so `fn` should report its own errors.
   virtual void enqueue(Stream& s, std::function<void()> fn) = 0;
+  /// enqueue() for a copy of `bytes` bytes onto a transmit stream. CPU: when
+  /// nothing is queued or running on `s` and the value is small, runs `fn`
+  /// now on the calling thread instead of waking the stream's (Note [A
+  /// sender copies a small value itself] in cpu_device.cpp).
+  virtual void enqueueCopy(Stream& s, std::function<void()> fn, int64_t bytes) {
+    (void)bytes;
+    enqueue(s, std::move(fn));
+  }
 
   /// Makes a value usable on this device: a tensor moves to physical() on
   /// the compute stream (no copy when it is already there); other values pass

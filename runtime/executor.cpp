@@ -227,7 +227,9 @@ void Executor::Impl::send(int d, size_t i, const Step& s) {
   m.ready->block(tx);
   src.recordStream(v, tx);
   Span* span = options_.record_trace ? &trace_.transfer[static_cast<size_t>(d)][i] : nullptr;
-  src.enqueue(tx, [this, &m, &src, &dst, v, d, i, span] {
+  const int64_t bytes = v.isTensor() && v.toTensor().defined()
+                            ? static_cast<int64_t>(v.toTensor().nbytes()) : 0;
+  src.enqueueCopy(tx, [this, &m, &src, &dst, v, d, i, span] {
     try {
       at::ThreadLocalStateGuard tls(*tls_);
       const int64_t start = span != nullptr ? now() : 0;
@@ -238,7 +240,7 @@ void Executor::Impl::send(int d, size_t i, const Step& s) {
       fail(Failure{c10::str(where(d, i), ": copy failed: ", messageOf(std::current_exception())),
                    d, i});
     }
-  });
+  }, bytes);
   m.done->record(tx);
   if (capture_ != nullptr) capture_->sent(d, s.peer, s.mail, v);
   {

@@ -16,7 +16,7 @@ charged to the sender), the fixed cost of a step and of each extra worker.
 A progress bar on stderr shows the calibration. The profile is JSON
 (passes/cost/README.md) at ``<cache>/cpu-<cpu model>-t<threads>.json``,
 ``<cache>`` being ``$XDG_CACHE_HOME/modelpar`` or ``~/.cache/modelpar``
-(``-v3`` in the name: the profile's version, so that a profile without a
+(``-v4`` in the name: the profile's version, so that a profile without a
 term the simulator now uses, or measured on an executor that has changed
 how it hands values over, is calibrated again).
 ``MODELPAR_CPU_PROFILE`` overrides: ``off`` plans with passes' default
@@ -46,7 +46,8 @@ __all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "
            "machine_for_options", "measures_nodes"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
-_VERSION = 3  # 2: send_overhead_us, worker_overhead_us; 3: waits spin first (hand-off)
+_VERSION = 4  # 2: send_overhead_us, worker_overhead_us; 3: waits spin first (hand-off);
+#                4: a sender copies a small value itself
 
 
 def cpu_model_name() -> str:

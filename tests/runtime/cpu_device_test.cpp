@@ -102,6 +102,40 @@ TEST(CpuDevice, WaitersThatRunQueuedWorkKeepItOrderedAndSerial) {
   for (int k = 0; k < kItems; ++k) EXPECT_EQ(order[static_cast<size_t>(k)], k);
 }
 
+// Note [A sender copies a small value itself]: a small copy onto an idle
+// transmit stream runs on the issuing thread, already finished when
+// enqueueCopy returns (its event has happened); a large one, or a small one
+// behind queued work, is queued (the issuer does not wait), in issue order.
+TEST(CpuDevice, SmallCopyOntoAnIdleStreamRunsOnTheSender) {
+  Pair p;
+  const std::thread::id me = std::this_thread::get_id();
+  std::mutex mu;
+  std::vector<std::pair<int, std::thread::id>> ran;
+  auto item = [&](int k, std::chrono::milliseconds sleep) {
+    return [&, k, sleep] {
+      std::this_thread::sleep_for(sleep);
+      std::lock_guard<std::mutex> lock(mu);
+      ran.emplace_back(k, std::this_thread::get_id());
+    };
+  };
+  std::unique_ptr<Event> done = p.a.newEvent();
+  p.a.enqueueCopy(p.a.tx(1), item(0, 0ms), 4);
+  done->record(p.a.tx(1));
+  ASSERT_EQ(ran.size(), 1u);  // ran before enqueueCopy returned
+  EXPECT_EQ(ran[0].second, me);
+  done->block(p.a.compute());  // already happened: returns at once
+  p.a.enqueueCopy(p.a.tx(1), item(1, 30ms), int64_t{64} << 20);  // large: the thread's
+  p.a.enqueueCopy(p.a.tx(1), item(2, 0ms), 4);                   // behind it: queued
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_EQ(ran.size(), 1u);
+  }
+  p.a.synchronize();
+  ASSERT_EQ(ran.size(), 3u);
+  EXPECT_EQ(ran[1].first, 1);
+  EXPECT_EQ(ran[2].first, 2);  // (synchronize may run them itself: Note [Waiters run the copy])
+}
+
 // tx:      [sleep 50 ms; flag = 1] (done recorded)
 // compute:                         done.block -> reads flag
 TEST(CpuDevice, ComputeWaitsForAnEventRecordedOnTransmitStream) {
