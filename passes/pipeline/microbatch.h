@@ -125,11 +125,12 @@ struct MicrobatchOptions {
   /// backward nodes.
   std::string seed;
   LossReduction loss_reduction = LossReduction::Auto;
-  /// Allow random ops in the micro-batches: they then draw per micro-batch,
-  /// so the result is a valid step but not the full batch's bit for bit
-  /// (Note [Random ops per micro-batch] in microbatch.cpp). A permutation
-  /// (randperm) per micro-batch is refused either way.
-  bool allow_random = false;
+  /// Allow random ops in the micro-batches (the default, as the pipeline
+  /// option's): they then draw per micro-batch, so the result is a valid
+  /// step with the full batch's distribution but not its bits (Note [Random
+  /// ops per micro-batch] in microbatch.cpp); false refuses them. A
+  /// permutation (randperm) per micro-batch is refused either way.
+  bool allow_random = true;
   /// Accumulate gradients from the last micro-batch to the first (each add
   /// carries the mb of the gradient it adds), the order GPipe's backwards
   /// run in; false: first to last (1F1B). A schedule needs the order its

@@ -49,7 +49,7 @@ def microbatch_sizes(batch: int, microbatches: int) -> list[int]:
 
 def microbatch(graph: Graph, microbatches: int, batch_size: int, *, batch_symbol: str = "",
                batch_dims: Mapping[str, int] | None = None, loss: str = "", seed: str = "",
-               loss_reduction: str = "auto", allow_random: bool = False,
+               loss_reduction: str = "auto", allow_random: bool = True,
                batch_norm: str = "refuse") -> Graph:
     """Splits a training-step graph with a symbolic batch dimension into
     micro-batches (passes/pipeline/microbatch.h): per micro-batch copies (``mb=k``)
@@ -70,7 +70,9 @@ def microbatch(graph: Graph, microbatches: int, batch_size: int, *, batch_symbol
         seed: name of the backward seed ("" finds ``ones_like(loss)`` or a
             scalar tangent input).
         loss_reduction: "auto", "mean" or "sum".
-        allow_random: accept random ops (dropout) drawing per micro-batch.
+        allow_random: accept random ops (dropout) drawing per micro-batch
+            (True, the default everywhere: Note [Random ops per micro-batch]);
+            False refuses them.
         batch_norm: "refuse" (training-mode batch norm raises) or "deferred"
             (torchgpipe's DeferredBatchNorm: each micro-batch is normalised
             with its own statistics; the new running mean / var are computed
@@ -146,7 +148,7 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                   schedule: str = "gpipe", partition: str = "balance-time",
                   checkpoint: str = "except_last", portals: bool = True,
                   memory=None, machine: str | None = None, loss_reduction: str = "auto",
-                  allow_random: bool = False, batch_norm: str = "refuse",
+                  allow_random: bool = True, batch_norm: str = "refuse",
                   trace: str | None = None):
     """Plans a training step pipeline-parallel (passes/plan_pipeline.h):
     the step is split into ``microbatches`` micro-batches, its layers are
@@ -172,7 +174,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         memory: capacity per device (``"16GiB"``, bytes, or one per device).
         machine: a machine profile JSON path (``modelpar.calibrated_machine``).
         loss_reduction: ``"auto"``, ``"mean"`` or ``"sum"``.
-        allow_random: accept random ops (per-micro-batch masks).
+        allow_random: accept random ops (per-micro-batch masks; True, as in
+            ``microbatch``).
         batch_norm: ``"refuse"`` (training-mode batch norm is an error) or
             ``"deferred"`` (torchgpipe's DeferredBatchNorm: each micro-batch is
             normalised with its own statistics, the running statistics are

@@ -37,7 +37,7 @@ def _names(option: str, values: Sequence[str]) -> list[str]:
 
 def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_size: int, *,
                     machine: str | os.PathLike[str] | None = None, memory: Any = None,
-                    loss_reduction: str = "auto", allow_random: bool = False,
+                    loss_reduction: str = "auto", allow_random: bool = True,
                     batch_norm: str = "refuse", portals: bool = True,
                     placers: Sequence[str] = (), schedules: Sequence[str] = (),
                     partitions: Sequence[str] = (), checkpoints: Sequence[str] = (),

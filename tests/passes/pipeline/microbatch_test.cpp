@@ -484,12 +484,13 @@ graph @drop(%x: f32[B, 3] input) {
   %o: f32[B, 3], %mask: bool[B, 3] = aten::native_dropout(%x, 0.5, true) {layer="d", phase=fwd}
   return %o
 })";
-  std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), opts(2, 4)); });
+  MicrobatchOptions o = opts(2, 4);
+  EXPECT_TRUE(o.allow_random);  // the default, as the pipeline option's
+  EXPECT_EQ(microbatch(ir::parseGraph(text), o).numNodes(), 5u);  // 2 slices, 2 dropouts, cat
+  o.allow_random = false;
+  std::string msg = messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), o); });
   EXPECT_HAS(msg, "%o = aten::native_dropout draws random numbers per micro-batch");
   EXPECT_HAS(msg, "allow_random");
-  MicrobatchOptions o = opts(2, 4);
-  o.allow_random = true;
-  EXPECT_EQ(microbatch(ir::parseGraph(text), o).numNodes(), 5u);  // 2 slices, 2 dropouts, cat
 }
 
 // Note [Random ops per micro-batch]: a permutation per micro-batch is not
