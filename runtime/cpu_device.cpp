@@ -52,9 +52,9 @@
 // the stream (issued, then completed) so its events mean what they meant,
 // and it cannot overtake an earlier item since there is none. A larger copy
 // still goes to the stream's thread, which overlaps it with the sender's
-// compute where a core is free. Measured on that VM (mlp, 10 rounds alternating, median step):
-// 1F1B x 32 4870 -> 2964 us, 1F1B x 8 1349 -> 960 us, GPipe x 8 1032 ->
-// 935 us, m-ETF 359 -> 310 us.
+// compute where a core is free. Measured on that VM (mlp, 10 rounds
+// alternating, median step): 1F1B x 32 4870 -> 2964 us, 1F1B x 8 1349 ->
+// 960 us, GPipe x 8 1032 -> 935 us, m-ETF 359 -> 310 us.
 
 namespace modelpar::runtime {
 namespace {
@@ -201,7 +201,9 @@ class CpuStream final : public Stream {
     running_ = false;
     ++completed_;
     cv_.notify_all();
-    if (!queue_.empty()) thread_cv_.notify_all();  // the next item is the thread's if no waiter takes it
+    // The next item is the thread's if no waiter takes it; a stopping thread
+    // waits for the item a waiter ran to end.
+    if (!queue_.empty() || stop_) thread_cv_.notify_all();
   }
 
   void loop() {
