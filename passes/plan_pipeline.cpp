@@ -237,6 +237,7 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   }
   po.schedule = *parsePipelineSchedule(o.schedule);
   po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
+  po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
   plan.partition = timer.run("partition", [&] { return partitionChain(plan.chain, po); });
   timer.last().detail = fmt::format("{} stages, period {}", plan.partition.numStages(),
                                     formatMicros(plan.partition.period_us));

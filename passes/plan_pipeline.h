@@ -85,6 +85,8 @@ struct PipelinePlanOptions : PassRunnerOptions {
   /// MadPipe's phase 2: CBC's time limit per pattern solve
   /// (PartitionOptions::madpipe_pattern_time_limit_s).
   double madpipe_pattern_time_limit_s = 10;
+  /// And its node limit (PartitionOptions::madpipe_pattern_node_limit).
+  int64_t madpipe_pattern_node_limit = 0;
 };
 
 struct PipelinePlan {

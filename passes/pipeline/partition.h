@@ -92,6 +92,11 @@ struct PartitionOptions {
   /// the least period (binary search, 8 steps) at which periodicPatternIlp
   /// finds a pattern, with this CBC time limit per solve; 0 skips phase 2.
   double madpipe_pattern_time_limit_s = 10;
+  /// And CBC's limit on branch-and-bound nodes per solve (0: none): work
+  /// that does not depend on the machine's load, so two processes planning
+  /// the same step get the same pattern (Note [A pattern that does not
+  /// depend on the clock] in partition_madpipe.cpp).
+  int64_t madpipe_pattern_node_limit = 0;
 };
 
 /// A periodic pattern (seed 004 §3): in period k, each operation starts at
@@ -184,13 +189,15 @@ std::optional<StagePartition> madpipePartition(const LayerChain& chain, const Pa
 /// memory. Our own formulation (the paper's cites an ILP of a companion
 /// report): binary order variables per pair of operations on a resource.
 /// The pattern is a stream (no cap at o.microbatches). nullopt when CBC proves
-/// it infeasible or finds nothing within time_limit_s.
+/// it infeasible or finds nothing within time_limit_s (or node_limit
+/// branch-and-bound nodes, when > 0).
 /// With minimise_memory=false any feasible pattern will do (CBC stops at the
 /// first one; much faster on shared devices with many stages).
 std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const StagePartition& plan,
                                                   const PartitionOptions& o, double period_us,
                                                   double time_limit_s = 10,
-                                                  bool minimise_memory = true);
+                                                  bool minimise_memory = true,
+                                                  int64_t node_limit = 0);
 
 namespace detail {
 /// The 1F1B* delay arithmetic shared by oneFOneBStarGroups and MadPipe's DP

@@ -55,7 +55,8 @@ struct Ilp {
 
 std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const StagePartition& plan,
                                                   const PartitionOptions& o, double period_us,
-                                                  double time_limit_s, bool minimise_memory) {
+                                                  double time_limit_s, bool minimise_memory,
+                                                  int64_t node_limit) {
   const int S = plan.numStages(), L = chain.size();
   MP_CHECK(S >= 1 && std::isfinite(period_us) && period_us > 0, ConfigError,
            "modelpar partition-ilp: needs a plan with stages and a finite period > 0 (got {} "
@@ -156,6 +157,7 @@ std::optional<PeriodicPattern> periodicPatternIlp(const LayerChain& chain, const
   model.setLogLevel(0);
   model.messageHandler()->setLogLevel(0);
   model.setMaximumSeconds(time_limit_s);
+  if (node_limit > 0) model.setMaximumNodes(static_cast<int>(std::min<int64_t>(node_limit, 1 << 30)));
   model.branchAndBound();
   const double* x = model.bestSolution();
   if (x == nullptr) return std::nullopt;

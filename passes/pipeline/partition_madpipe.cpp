@@ -200,8 +200,20 @@ void addPattern(const LayerChain& chain, StagePartition& p, const PartitionOptio
   p.dp_period_us = p.period_us;
   // The search only needs feasibility; the pattern at the period found is
   // then solved again for the least memory (kept if CBC finds none in time).
+  // Note [A pattern that does not depend on the clock]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // A solve stopped by its time limit ends wherever the machine's load let
+  // it get: over two ranks on a loaded 2-core CI machine, the strategy
+  // search's 0.1-s solves gave rank 0 and rank 1 different patterns for the
+  // same step (1F1B* x 2: 552 against 610 us simulated), and the ranks'
+  // plans must agree. With madpipe_pattern_node_limit the solve stops after
+  // that many branch-and-bound nodes, the same everywhere; the time limit
+  // stays as a backstop set well above what the nodes take.
   const double limit = o.madpipe_pattern_time_limit_s;
-  auto feasible = [&](double t) { return periodicPatternIlp(chain, p, o, t, limit, false); };
+  const int64_t nodes = o.madpipe_pattern_node_limit;
+  auto feasible = [&](double t) {
+    return periodicPatternIlp(chain, p, o, t, limit, false, nodes);
+  };
   std::optional<PeriodicPattern> best = feasible(p.period_us);
   if (!best) {
     double lo = p.period_us, hi = std::max(ub, p.period_us);
@@ -217,7 +229,9 @@ void addPattern(const LayerChain& chain, StagePartition& p, const PartitionOptio
       }
     }
   }
-  if (auto lean = periodicPatternIlp(chain, p, o, best->period_us, limit, true)) best = std::move(lean);
+  if (auto lean = periodicPatternIlp(chain, p, o, best->period_us, limit, true, nodes)) {
+    best = std::move(lean);
+  }
   p.period_us = best->period_us;
   p.stage_activations = best->stage_activations;
   p.memory_bytes = best->memory_bytes;

@@ -262,6 +262,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
         po.memory_bytes = o.memory_bytes;
         po.dump_dir = "";
         po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
+        po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
         po.record_timeline = o.record_timeline;
         pipeline = planPipeline(step, po);
         c.step_us = pipeline->stepTimeUs();

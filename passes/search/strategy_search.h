@@ -98,9 +98,13 @@ struct StrategySearchOptions {
   /// (Note [A lower bound per candidate]).
   bool prune = true;
   double msct_lp_time_limit_s = 5.0;
-  /// CBC's time limit per solve of MadPipe's pattern ILP: an infeasible
-  /// period costs the whole limit, and the binary search solves up to 10.
-  double madpipe_pattern_time_limit_s = 0.1;
+  /// MadPipe's pattern ILP: CBC's node limit per solve, which bounds the
+  /// search's time the same on every machine and load, so that ranks
+  /// searching the same step agree (Note [A pattern that does not depend on
+  /// the clock]); the binary search solves up to 10. The time limit is a
+  /// backstop.
+  int64_t madpipe_pattern_node_limit = 200;
+  double madpipe_pattern_time_limit_s = 5.0;
   /// Keep every planned candidate's simulated timeline, so that the chosen
   /// plan's Chrome trace can be written (toChromeTrace needs it).
   bool record_timeline = false;
