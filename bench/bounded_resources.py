@@ -25,7 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 import modelpar  # noqa: E402
-from modelpar import compile_pipeline  # noqa: E402
+from modelpar.compile import pipeline_step as compile_pipeline  # noqa: E402
 from models import CASES  # noqa: E402
 
 

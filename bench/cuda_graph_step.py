@@ -55,7 +55,7 @@ def main() -> int:
         return 0
     import modelpar
     from models import GPT, GPTConfig
-    if not modelpar.cuda_devices_built():
+    if not modelpar.runtime.executor.cuda_devices_built():
         print("cuda_graph_step: this modelpar build has no CUDA devices (MODELPAR_WITH_CUDA=OFF); "
               "build against a CUDA torch (scripts/gpu_check.sh). Nothing measured.")
         return 0
@@ -75,8 +75,8 @@ def main() -> int:
     placement = modelpar.plan_graph(graph, devices=args.devices)
     program = placement.program
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x
-              for x in modelpar.planning.example_inputs(graph)]
-    issues = modelpar.capture_issues(program, "cuda:0")
+              for x in modelpar.planning.placement.example_inputs(graph)]
+    issues = modelpar.runtime.executor.capture_issues(program, "cuda:0")
 
     rows: list[tuple[str, float, str]] = []
     gpu_model = model

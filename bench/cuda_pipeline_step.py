@@ -55,7 +55,7 @@ def main() -> int:
         print("cuda_pipeline_step: no GPU visible; this benchmark needs one. Nothing measured.")
         return 0
     import modelpar
-    if not modelpar.cuda_devices_built():
+    if not modelpar.runtime.executor.cuda_devices_built():
         print("cuda_pipeline_step: this modelpar build has no CUDA devices; build against a CUDA "
               "torch (scripts/gpu_check.sh). Nothing measured.")
         return 0

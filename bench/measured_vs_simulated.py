@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 import modelpar
-from modelpar.planning import example_inputs, plan_joint, profile_graph
+from modelpar.planning.placement import example_inputs, plan_joint, profile_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))

@@ -24,7 +24,7 @@ import torch
 
 import modelpar
 from modelpar import _C
-from modelpar.planning import profile_graph
+from modelpar.planning.placement import profile_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests/python"))
 from models import CASES  # noqa: E402

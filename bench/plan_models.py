@@ -27,7 +27,7 @@ What it does:
    batch size (times ``--batch-scale``), then the IR graphs of every plan
    recorded for it (``modelpar.plans()``: forward and backward). Node costs
    come from a profile (the cost model's first source): each graph runs on
-   one CPU worker of the executor with ``modelpar.planning.example_inputs``
+   one CPU worker of the executor with ``modelpar.planning.placement.example_inputs``
    and every node gets its median time of ``--profile-runs`` runs
    (``profile_graph``). Each graph is then planned on its own by every placer
    on 1, 2, 4 and 8 devices; the training step is forward + backward. The
@@ -52,7 +52,7 @@ from pathlib import Path
 import torch
 
 import modelpar
-from modelpar.planning import calibrated_machine, plan_graph, profile_graph
+from modelpar.planning.placement import calibrated_machine, plan_graph, profile_graph
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 from models import CASES  # noqa: E402
@@ -142,7 +142,7 @@ def bench_model(name: str, machine: str, lp_time_limit: float, steps: int, batch
     row = {"model": name, "batch": case.batch_size * batch_scale, "graphs": len(graphs),
            "nodes": sum(g.num_nodes for g in graphs), "measured_us": measured,
            "analytic_single_us": sum(p.single_device_us for p in analytic), "results": {}}
-    for placer in modelpar.PLACERS:
+    for placer in modelpar.planning.placement.PLACERS:
         for n in DEVICES:
             plans, seconds = simulate(profiled, placer, n)
             step_us = sum(p.step_time_us for p in plans)
@@ -204,7 +204,7 @@ def main() -> int:
     head = ("| model | batch | nodes (fw+bw) | units | measured step, 1 thread (ms) | "
             "roofline 1 device (ms) | profiled 1 device (ms) |")
     sep = "|---|---|---|---|---|---|---|"
-    for placer in modelpar.PLACERS:
+    for placer in modelpar.planning.placement.PLACERS:
         for n in DEVICES[1:]:
             head += f" {placer} {n} dev (ms) |"
             sep += "---|"
@@ -213,7 +213,7 @@ def main() -> int:
     for r in rows:
         line = (f"| {r['model']} | {r['batch']} | {r['nodes']} | {r['units']} | "
                 f"{_ms(r['measured_us'])} | {_ms(r['analytic_single_us'])} | {_ms(r['single_us'])} |")
-        for placer in modelpar.PLACERS:
+        for placer in modelpar.planning.placement.PLACERS:
             for n in DEVICES[1:]:
                 res = r["results"][f"{placer}/{n}"]
                 line += f" {_ms(res['step_us'])} ({res['speedup']:.2f}x{'' if res['devices_used'] > 1 else ', 1 used'}) |"
@@ -222,10 +222,10 @@ def main() -> int:
     print("planning time per model (all graphs, s): " + "; ".join(
         f"{r['model']}: " + ", ".join(
             f"{p} {max(r['results'][f'{p}/{n}']['plan_seconds'] for n in DEVICES):.3f}"
-            for p in modelpar.PLACERS) for r in rows))
+            for p in modelpar.planning.placement.PLACERS) for r in rows))
     # One-device check: every placer gives the one-device sum on 1 device.
     for r in rows:
-        for placer in modelpar.PLACERS:
+        for placer in modelpar.planning.placement.PLACERS:
             one = r["results"][f"{placer}/1"]["step_us"]
             assert abs(one - r["single_us"]) <= 1e-6 * r["single_us"], (r["model"], placer, one)
     if args.json:

@@ -9,7 +9,7 @@ Per model of tests/python/models.py, at 4x its test batch:
 1. ``torch.compile(..., options={"devices": N, "strategy": "auto"})`` runs
    one training step: the step graph is joined, its nodes are timed on a CPU
    worker, and the search runs on this CPU's calibrated profile
-   (modelpar/cpu_profile.py) with the step's measured per-op overhead (per
+   (modelpar/profiles/cpu.py) with the step's measured per-op overhead (per
    micro-batch count) and
    the cores the workers get (``cores``, Note [Shared host cores]); its
    time is reported (``search``, candidates planned in parentheses).
@@ -51,9 +51,9 @@ from pathlib import Path
 import torch
 
 import modelpar
-from modelpar.cpu_profile import cpu_profile_path
-from modelpar.planning import example_inputs
-from modelpar.strategy import search_strategy
+from modelpar.profiles.cpu import cpu_profile_path
+from modelpar.planning.placement import example_inputs
+from modelpar.planning.strategy import search_strategy
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 from models import CASES  # noqa: E402

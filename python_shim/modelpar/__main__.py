@@ -34,8 +34,8 @@ def _search(args: argparse.Namespace, memory) -> int:
     """``plan --strategy auto``: the strategy search on the graph, its table,
     then the chosen plan's summary."""
     import modelpar
-    from modelpar.option_names import check_one_of
-    from modelpar.strategy import search_strategy
+    from .planning.option_names import check_one_of
+    from .planning.strategy import search_strategy
 
     try:
         if args.batch_size is None:
@@ -60,14 +60,14 @@ def _search(args: argparse.Namespace, memory) -> int:
 
 def _plan(args: argparse.Namespace) -> int:
     import modelpar
-    from modelpar.planning import plan_graph
+    from .planning.placement import plan_graph
 
     memory = None
     if args.memory is not None:
         parts = [m.strip() for m in args.memory.split(",")]
         memory = parts[0] if len(parts) == 1 else parts
     try:
-        from modelpar.option_names import check_one_of
+        from .planning.option_names import check_one_of
         check_one_of("plan", "strategy", args.strategy)  # one definition: passes/option_names.h
     except modelpar.Error as e:
         return _report("plan", e)
@@ -87,7 +87,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _opt(args: argparse.Namespace) -> int:
     import modelpar
-    from modelpar import _C
+    from . import _C
 
     if args.list:
         for name, reads, help_text in _C.registered_passes():
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="do not verify the IR after each pass")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from modelpar.demo import run_demo
+        from .demo import run_demo
         return run_demo(out_dir=args.out, seed=args.seed)
     if args.command == "plan":
         return _plan(args)

@@ -49,8 +49,8 @@ def _eager_step(x: torch.Tensor, y: torch.Tensor, w1: torch.Tensor, w2: torch.Te
 def run_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
     """Runs the demo and prints what it checks. Returns 0 on success, 1 on a mismatch."""
     ex = _examples_dir()
-    program = modelpar.load_program(str(ex / "mlp_pipeline_2dev.txt"))
-    single = modelpar.load_graph(str(ex / "mlp_step.txt"))
+    program = modelpar.ir.load_program(str(ex / "mlp_pipeline_2dev.txt"))
+    single = modelpar.ir.load_graph(str(ex / "mlp_step.txt"))
     program.verify()
     g = program.graph
     print(f"modelpar demo: {ex / 'mlp_pipeline_2dev.txt'}")
@@ -77,7 +77,7 @@ def run_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
 
     for broken in ("mlp_pipeline_2dev_missing_send.txt", "mlp_pipeline_2dev_deadlock.txt"):
         try:
-            modelpar.load_program(str(ex / broken)).verify()
+            modelpar.ir.load_program(str(ex / broken)).verify()
             print(f"  {broken}: NOT rejected (bug)")
             ok = False
         except modelpar.InvalidIrError as e:
@@ -101,7 +101,7 @@ def run_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
 
 def _pipeline_demo(ex: Path, out: Path) -> bool:
     """plan_pipeline on the skip-connection step, run on 4 CPU workers."""
-    step = modelpar.load_graph(str(ex / "skip_step_symbolic.txt"))
+    step = modelpar.ir.load_graph(str(ex / "skip_step_symbolic.txt"))
     plan = modelpar.plan_pipeline(step, devices=4, microbatches=8, batch_size=32,
                                   schedule="1f1b", checkpoint="except_last",
                                   trace=out / "pipeline_simulated.json")

@@ -58,7 +58,7 @@ class PeerError(ExecutionError):
     """A transfer with another rank of a process group that did not complete
     within the timeout: that rank (``peer``) raised, was killed, or waits on
     a rank that did. modelpar's distributed runs turn it into an
-    ExecutionError naming the failed rank (distributed.py)."""
+    ExecutionError naming the failed rank (distributed/rank_executor.py)."""
 
     def __init__(self, message: str, peer: int = -1) -> None:
         super().__init__(message)

@@ -15,10 +15,10 @@ import torch
 
 def pytest_configure(config) -> None:
     # Plans for CPU workers are costed with a calibrated profile of the CPU
-    # (modelpar/cpu_profile.py); the suite plans with passes' default device
+    # (modelpar/profiles/cpu.py); the suite plans with passes' default device
     # instead, so that what the tests plan does not depend on the CPU running
     # them. test_cpu_profile.py turns it on in a temporary cache; the same
-    # for GPUs (modelpar/cuda_profile.py, test_cuda_profile.py).
+    # for GPUs (modelpar/profiles/cuda.py, test_cuda_profile.py).
     os.environ.setdefault("MODELPAR_CPU_PROFILE", "off")
     os.environ.setdefault("MODELPAR_CUDA_PROFILE", "off")
     threads = os.environ.get("MODELPAR_TEST_THREADS")

@@ -169,7 +169,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     materialized = None
     if meta:
         torch.manual_seed(0)
-        modelpar.materialize_all(eager)
+        modelpar.distributed.materialize.materialize_all(eager)
         torch.manual_seed(0)
         report = modelpar.materialize(model, fast, *case.batch(0, case.batch_size))
         print(report, flush=True)
@@ -307,7 +307,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         searched = {"machine": rec.search_machine,
                     "candidates": [(c["label"], c["status"], c["step_us"], c["chosen"])
                                    for c in rec.candidates]}
-    from modelpar import distributed as mp_dist
+    from modelpar.distributed import rank_executor as mp_dist
     replayed = any("aten::native_dropout_backward" in str(planned.program.graph)
                    for r in modelpar.plans() for planned in (r.pipeline, r.joint)
                    if planned is not None)
@@ -491,7 +491,7 @@ def first_rank() -> None:
     """from_first_rank: rank 0's value reaches every rank; rank 0's error
     too, with its type when it is modelpar's (Note [Measured once, planned
     everywhere])."""
-    from modelpar.first_rank import from_first_rank
+    from modelpar.distributed.first_rank import from_first_rank
     group = dist.distributed_c10d._get_default_group()
     rank = dist.get_rank()
     got = from_first_rank(lambda: {"rank": rank, "times": [1.5, -1.0]}, group, "a value", 20.0)

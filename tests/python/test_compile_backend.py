@@ -249,8 +249,8 @@ class _WithCond(nn.Module):
 
 def test_unsupported_graph_runs_eagerly_with_one_warning_naming_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from modelpar import compile_backend
-    compile_backend._warned.discard("higher-order op cond")
+    from modelpar.compile.graph_breaks import forget_warnings
+    forget_warnings()
     monkeypatch.setenv("MODELPAR_DUMP_DIR", str(tmp_path))
     model = _WithCond()
     eager = copy.deepcopy(model)
@@ -376,15 +376,15 @@ def test_plan_summary_write_ir_and_dump_dir(tmp_path: Path, monkeypatch: pytest.
 ])
 def test_bad_options_raise_value_error_listing_valid_choices(options: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
-        modelpar.resolve_options(options)
+        modelpar.planning.options.resolve_options(options)
 
 
 def test_options_from_the_environment_are_defaults_torch_compile_overrides(monkeypatch) -> None:
     # Note [Options from the environment]: for frameworks that compile for you.
     monkeypatch.setenv("MODELPAR_OPTIONS", '{"devices": 2, "pipeline": {"schedule": "1f1b"}}')
-    o = modelpar.resolve_options()
+    o = modelpar.planning.options.resolve_options()
     assert o.devices == 2 and o.pipeline["schedule"] == "1f1b"
-    o = modelpar.resolve_options({"pipeline": {"schedule": "gpipe"}})  # a key replaces a key
+    o = modelpar.planning.options.resolve_options({"pipeline": {"schedule": "gpipe"}})  # a key replaces a key
     assert o.devices == 2 and o.pipeline["schedule"] == "gpipe"
     # And torch.compile uses them: a model compiled with no options runs on two devices.
     torch._dynamo.reset()
@@ -401,55 +401,55 @@ def test_options_from_the_environment_are_defaults_torch_compile_overrides(monke
                         ('{"device": 2}', r"unknown key 'device'.*\(in \$MODELPAR_OPTIONS=")]:
         monkeypatch.setenv("MODELPAR_OPTIONS", text)
         with pytest.raises(modelpar.ConfigError, match=match):
-            modelpar.resolve_options()
+            modelpar.planning.options.resolve_options()
     # Valid alone, not with what torch.compile was given: the error says both.
     monkeypatch.setenv("MODELPAR_OPTIONS", '{"devices": 2, "strategy": "auto"}')
     with pytest.raises(modelpar.ConfigError, match=r"options given over \$MODELPAR_OPTIONS"):
-        modelpar.resolve_options({"placer": "m-sct", "devices": 2})
+        modelpar.planning.options.resolve_options({"placer": "m-sct", "devices": 2})
 
 
 def test_pipeline_option_gets_its_defaults() -> None:
-    o = modelpar.resolve_options({"devices": 2, "pipeline": {"microbatches": 8}})
+    o = modelpar.planning.options.resolve_options({"devices": 2, "pipeline": {"microbatches": 8}})
     assert o.planned
     assert o.pipeline == {"microbatches": 8, "schedule": "gpipe", "partition": "balance-time",
                           "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
                           "allow_random": True, "loss_reduction": "auto"}
     # MadPipe's partition comes with its schedule when none is given.
-    o = modelpar.resolve_options({"devices": 2, "pipeline": {"partition": "madpipe"}})
+    o = modelpar.planning.options.resolve_options({"devices": 2, "pipeline": {"partition": "madpipe"}})
     assert (o.pipeline["schedule"], o.pipeline["partition"]) == ("1f1b*", "madpipe")
 
 
 def test_memory_device_map_and_trace_options_are_resolved() -> None:
-    o = modelpar.resolve_options({"devices": 2, "memory": "16GiB", "device_map": "cpu",
+    o = modelpar.planning.options.resolve_options({"devices": 2, "memory": "16GiB", "device_map": "cpu",
                                   "trace": "t.json"})
     assert (o.memory, o.device_map, o.trace) == (16 << 30, "cpu", "t.json")
     assert o.planned and o.executor_device_map == "cpu-workers"
-    assert modelpar.resolve_options({"memory": 1 << 20}).planned  # plans on one device too
-    assert not modelpar.resolve_options({"device_map": "cpu"}).planned
+    assert modelpar.planning.options.resolve_options({"memory": 1 << 20}).planned  # plans on one device too
+    assert not modelpar.planning.options.resolve_options({"device_map": "cpu"}).planned
 
 
 def test_devices_and_placer_options() -> None:
-    assert modelpar.resolve_options({"devices": 2}).devices == 2
-    assert modelpar.resolve_options({"devices": 4, "placer": "m-topo"}).placer == "m-topo"
+    assert modelpar.planning.options.resolve_options({"devices": 2}).devices == 2
+    assert modelpar.planning.options.resolve_options({"devices": 4, "placer": "m-topo"}).placer == "m-topo"
     with pytest.raises(modelpar.ConfigError, match="placer='m-etf' needs devices > 1"):
-        modelpar.resolve_options({"placer": "m-etf"})
+        modelpar.planning.options.resolve_options({"placer": "m-etf"})
 
 
 def test_modes(monkeypatch) -> None:
-    assert modelpar.resolve_options(None, "default").mode == "default"
+    assert modelpar.planning.options.resolve_options(None, "default").mode == "default"
     # One core: max-autotune's default of one device per core leaves nothing to
     # search (more cores: test_strategy_search.py).
-    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(modelpar.planning.options.os, "cpu_count", lambda: 1)
     with pytest.warns(UserWarning, match="nothing to autotune"):
-        assert modelpar.resolve_options(None, "max-autotune").mode == "max-autotune"
-    o = modelpar.resolve_options(None, "reduce-overhead")  # CUDA graph replay
+        assert modelpar.planning.options.resolve_options(None, "max-autotune").mode == "max-autotune"
+    o = modelpar.planning.options.resolve_options(None, "reduce-overhead")  # CUDA graph replay
     assert o.cuda_graphs and o.planned
     with pytest.raises(ValueError, match="mode='fast' is not valid; mode takes one of 'default'"):
-        modelpar.resolve_options(None, "fast")
+        modelpar.planning.options.resolve_options(None, "fast")
 
 
 def test_options_are_checked_before_tracing_through_torch_compile(monkeypatch) -> None:
-    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 1)  # see test_modes
+    monkeypatch.setattr(modelpar.planning.options.os, "cpu_count", lambda: 1)  # see test_modes
     fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "placer": "x"})
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
         fast(torch.randn(2, 16))

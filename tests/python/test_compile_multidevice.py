@@ -41,7 +41,7 @@ def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(m.named_parameters()), **dict(m.named_buffers())}
 
 
-def _train_and_compare(name: str, devices: int, placer: str = "m-etf") -> modelpar.Plan:
+def _train_and_compare(name: str, devices: int, placer: str = "m-etf") -> modelpar.compile.records.Plan:
     """Outputs, gradients and 3 momentum-SGD steps against eager; returns the plan."""
     case = CASES[name]
     tol = case.tol.after(steps=3)
@@ -176,11 +176,11 @@ def test_device_map_cpu_runs_on_cpu_workers_and_cuda_needs_a_gpu() -> None:
     for dm in ("cuda", "cuda:0", ["cuda:0", "cuda:1"]):
         with pytest.raises(modelpar.ConfigError,
                            match="exist only in a CUDA build of modelpar on a machine with a GPU"):
-            modelpar.resolve_options({"devices": 2, "device_map": dm})
+            modelpar.planning.options.resolve_options({"devices": 2, "device_map": dm})
     with pytest.raises(modelpar.ConfigError, match="names 1 devices but devices=2"):
-        modelpar.resolve_options({"devices": 2, "device_map": ["cuda:0"]})
+        modelpar.planning.options.resolve_options({"devices": 2, "device_map": ["cuda:0"]})
     with pytest.raises(modelpar.ConfigError, match="device_map takes None, 'cpu', 'cuda'"):
-        modelpar.resolve_options({"devices": 2, "device_map": "tpu"})
+        modelpar.planning.options.resolve_options({"devices": 2, "device_map": "tpu"})
     # Checked before tracing: compiling says the same.
     fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "device_map": "cuda"})
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed, match="machine with a GPU"):
@@ -289,8 +289,8 @@ def test_plan_reports_placement_simulated_and_measured_step() -> None:
 def test_a_graph_that_cannot_be_imported_still_runs_eagerly(monkeypatch) -> None:
     # The fallback warns once per reason and process; earlier tests may have
     # used this reason up.
-    from modelpar import compile_backend
-    monkeypatch.setattr(compile_backend, "_warned", set())
+    from modelpar.compile.graph_breaks import forget_warnings
+    forget_warnings()
     class Opaque(torch.nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -402,7 +402,7 @@ def test_failing_op_in_a_compiled_multi_device_graph_raises_with_its_device() ->
 
 def test_bad_placer_lists_valid_ones() -> None:
     with pytest.raises(modelpar.ConfigError, match="placer takes one of 'm-topo', 'm-etf', 'm-sct'"):
-        modelpar.resolve_options({"devices": 2, "placer": "best"})
+        modelpar.planning.options.resolve_options({"devices": 2, "placer": "best"})
     fast = torch.compile(MLP(), backend="modelpar", options={"devices": 2, "placer": "best"})
     with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
         fast(torch.randn(2, 16))
@@ -437,7 +437,7 @@ def test_outputs_go_home_except_saved_activations() -> None:
     """Note [Outputs go home] (compile_backend.py): on GPUs each output goes to
     the device of its fake value (the caller's, a parameter's), except a
     forward's saved activations, which only the backward reads."""
-    from modelpar.compile_backend import GraphKind, output_homes
+    from modelpar.compile.backend import GraphKind, output_homes
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")
     a.meta["val"] = torch.empty(2, device="meta")

@@ -1,6 +1,6 @@
 """torch.compile(..., options={"devices": N, "pipeline": {...}}): the
 training step micro-batched, cut into stages and run as a pipelined program
-on CPU worker devices (python_shim/modelpar/compile_pipeline.py).
+on CPU worker devices (python_shim/modelpar/compile/pipeline_step.py).
 
 Transparency: outputs, the loss and every gradient equal eager PyTorch on
 the U-Net, the GPT decoder and the Inception model for {gpipe, 1f1b} x
@@ -56,7 +56,7 @@ def _pipeline(**kw) -> dict:
 
 
 def _loss_inside(name: str, devices: int, batches: list[int], options: dict | None = None,
-                 **pipeline) -> modelpar.Plan:
+                 **pipeline) -> modelpar.compile.records.Plan:
     """Compiles model + loss (step mode); loss and gradients equal eager for
     each batch size."""
     case = CASES[name]
@@ -84,7 +84,7 @@ def _loss_inside(name: str, devices: int, batches: list[int], options: dict | No
     return plan
 
 
-def _loss_outside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.Plan:
+def _loss_outside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.compile.records.Plan:
     """Compiles the model only (split mode): outputs and gradients equal
     eager for each batch size."""
     case = CASES[name]
@@ -379,7 +379,7 @@ def test_1f1b_with_the_loss_outside_runs_fill_drain_and_says_to_compile_the_loss
 ])
 def test_bad_pipeline_options_are_refused_before_tracing(pipeline, match: str) -> None:
     with pytest.raises(modelpar.ConfigError, match=match):
-        modelpar.resolve_options({"devices": 2, "pipeline": pipeline})
+        modelpar.planning.options.resolve_options({"devices": 2, "pipeline": pipeline})
 
 
 def test_a_step_that_does_not_fit_raises_before_running() -> None:
@@ -403,7 +403,7 @@ def test_many_batch_sizes_keep_threads_and_cached_steps_bounded() -> None:
     only MAX_BATCH_SIZES are kept, least recently used dropped, so a loop
     over many batch sizes keeps its thread count flat; a dropped size plans
     again and still equals eager."""
-    from modelpar import compile_pipeline
+    from modelpar.compile import pipeline_step as compile_pipeline
     case = CASES["mlp"]
     model = case.make_model()
     eager = copy.deepcopy(model)

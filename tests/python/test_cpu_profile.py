@@ -1,4 +1,4 @@
-"""The CPU machine profile (modelpar/cpu_profile.py): calibrated once with a
+"""The CPU machine profile (modelpar/profiles/cpu.py): calibrated once with a
 progress bar, cached under $XDG_CACHE_HOME/modelpar keyed by CPU model and
 thread count, overridden or turned off by $MODELPAR_CPU_PROFILE, and used by
 torch.compile's plans for CPU worker devices (joint placement and pipelines)
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import modelpar
-from modelpar import cpu_profile
+from modelpar.profiles import cpu as cpu_profile
 from modelpar.errors import ConfigError
 
 
@@ -49,7 +49,7 @@ def test_calibrates_once_with_a_progress_bar_then_reads_the_cache(cache, capsys)
     assert capsys.readouterr().err == ""
     assert os.path.getmtime(path) == mtime
     # The planners read it as a machine profile.
-    g = modelpar.load_graph(os.path.join(os.path.dirname(__file__), "../../examples/ir/mlp_step.txt"))
+    g = modelpar.ir.load_graph(os.path.join(os.path.dirname(__file__), "../../examples/ir/mlp_step.txt"))
     p = modelpar.plan_graph(g, devices=2, machine=path, dump_dir="")
     assert json.loads(p.machine_json)["devices"][0]["peak_flops"] == pytest.approx(dev["peak_flops"])
 

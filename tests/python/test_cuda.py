@@ -51,7 +51,7 @@ def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _train(name: str, options: dict, *, model_device: str = "cuda", steps: int = 3,
-           tol: Reordered | None = None) -> modelpar.Plan:
+           tol: Reordered | None = None) -> modelpar.compile.records.Plan:
     """Outputs, first-step gradients, and parameters and buffers after
     `steps` momentum-SGD steps equal eager on the GPU; returns the plan."""
     case = CASES[name]
@@ -157,12 +157,12 @@ def test_importing_modelpar_leaves_cuda_autograd_alone() -> None:
 
 
 def test_the_gpu_is_calibrated_once_and_plans_use_its_profile(tmp_path, monkeypatch, capsys) -> None:
-    # modelpar/cuda_profile.py on the real GPU: a progress bar, figures of a
+    # modelpar/profiles/cuda.py on the real GPU: a progress bar, figures of a
     # GPU (not a CPU core, not the default spec's guess), cached, and a
     # compiled plan for logical devices of cuda:0 costed on it, marked as
     # sharing one GPU (Note [Logical devices share their GPU]).
     import json
-    from modelpar import cuda_profile
+    from modelpar.profiles import cuda as cuda_profile
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     monkeypatch.delenv("MODELPAR_CUDA_PROFILE", raising=False)
     path = cuda_profile.cuda_profile_path("cuda:0")

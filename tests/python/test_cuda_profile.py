@@ -1,4 +1,4 @@
-"""The GPU machine profile (modelpar/cuda_profile.py) without a GPU: device
+"""The GPU machine profile (modelpar/profiles/cuda.py) without a GPU: device
 maps, the cache, MODELPAR_CUDA_PROFILE, and the sharing variant of a map
 whose logical devices share a GPU (Note [Logical devices share their GPU]).
 The calibration's measurements are device_calibration.py's, which
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import modelpar
-from modelpar import cpu_profile, cuda_profile
+from modelpar.profiles import cpu as cpu_profile, cuda as cuda_profile
 from modelpar.errors import ConfigError
 
 
@@ -63,7 +63,7 @@ def test_calibrates_once_per_gpu_model_and_marks_shared_gpus(gpus) -> None:
     # The planners read it: the simulated step of devices sharing a GPU is
     # at least their compute over one GPU.
     assert cpu_profile.machine_for("cuda:0") == one
-    g = modelpar.load_graph(__file__.replace("tests/python/test_cuda_profile.py",
+    g = modelpar.ir.load_graph(__file__.replace("tests/python/test_cuda_profile.py",
                                              "examples/ir/mlp_step.txt"))
     p = modelpar.plan_graph(g, devices=2, machine=one, dump_dir="")
     assert json.loads(p.machine_json)["host_cores"] == 1

@@ -55,13 +55,13 @@ OPTIMIZERS = {
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 def test_model_on_modelpar_trains_like_cpu(name: str) -> None:
     want, cpu_model = _train("cpu", OPTIMIZERS[name], steps=4)
-    modelpar.reset_device_counters()
+    modelpar.device.reset_device_counters()
     got, dev_model = _train("modelpar", OPTIMIZERS[name], steps=4)
     TOL.assert_close(torch.tensor(got), torch.tensor(want))
     for (n, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
         assert p_dev.device.type == "modelpar", n
         TOL.assert_close(p_dev.cpu(), p_cpu, msg=n)
-    counters = modelpar.device_counters()
+    counters = modelpar.device.device_counters()
     assert counters["graph_breaks"] == 0
     assert counters["captures"] + counters["replays"] == 4
     # Optimizers that create their state in the first step capture a second
@@ -71,7 +71,7 @@ def test_model_on_modelpar_trains_like_cpu(name: str) -> None:
 
 def test_graph_names_layers_from_hooks_and_phases() -> None:
     _train("modelpar", OPTIMIZERS["sgd"], steps=1)
-    g = modelpar.last_graph()
+    g = modelpar.device.last_graph()
     assert "%conv1.weight: f32[6, 3, 3, 3] param" in g
     assert "%bn1.running_mean: f32[6] buffer" in g
     assert '{layer="conv1", phase=fwd}' in g
@@ -86,9 +86,9 @@ def test_device_and_tensor_methods() -> None:
     assert m.is_modelpar and x.modelpar().is_modelpar
     assert torch.modelpar.device_count() == 1
     assert "device='modelpar:0'" in repr(m * 2)
-    breaks = modelpar.device_counters()["graph_breaks"]
+    breaks = modelpar.device.device_counters()["graph_breaks"]
     assert str(m * 2).startswith("tensor([[ 0.,  2.,  4.]")  # printing materialises, no graph break
-    assert modelpar.device_counters()["graph_breaks"] == breaks
+    assert modelpar.device.device_counters()["graph_breaks"] == breaks
     assert (m.sum() * 2).item() == 30.0
     torch.testing.assert_close((m.t() @ m).cpu(), x.t() @ x)
 
@@ -106,23 +106,23 @@ def test_inplace_and_slicing_assignment() -> None:
 def test_data_dependent_op_breaks_the_graph_with_one_warning() -> None:
     x = torch.randn(6, 4)
     m = x.to("modelpar") * 1.0
-    before = modelpar.device_counters()["graph_breaks"]
+    before = modelpar.device.device_counters()["graph_breaks"]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         got = torch.masked_select(m, m > 0)
     assert got.device.type == "modelpar"
     torch.testing.assert_close(got.cpu(), torch.masked_select(x, x > 0))
-    assert modelpar.device_counters()["graph_breaks"] == before + 1
+    assert modelpar.device.device_counters()["graph_breaks"] == before + 1
     assert any("aten::masked_select" in str(w.message) for w in caught)
 
 
 def test_strict_mode_raises_naming_the_op() -> None:
-    modelpar.set_device_options(strict=True)
+    modelpar.device.set_device_options(strict=True)
     try:
         with pytest.raises(RuntimeError, match=r"aten::nonzero.*strict"):
             torch.nonzero(torch.randn(3).to("modelpar"))
     finally:
-        modelpar.set_device_options(strict=False)
+        modelpar.device.set_device_options(strict=False)
 
 
 def test_mixing_devices_names_op_and_devices() -> None:
@@ -143,7 +143,7 @@ def test_state_dict_saves_and_loads(tmp_path) -> None:
 
 
 def test_cmake_prefix_path_has_the_package_config() -> None:
-    config = os.path.join(modelpar.cmake_prefix_path, "modelpar", "modelparConfig.cmake")
+    config = os.path.join(modelpar.device.cmake_prefix_path, "modelpar", "modelparConfig.cmake")
     assert os.path.isfile(config)
 
 

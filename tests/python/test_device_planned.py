@@ -42,19 +42,19 @@ def test_configure_refuses_bad_options_as_torch_compile_does(options, message) -
     modelpar.device.configure(devices=3, max_plans=4)
     with pytest.raises(ConfigError, match=message):
         modelpar.device.configure(**options)
-    opts = modelpar.device_options()
+    opts = modelpar.device.device_options()
     assert (opts["devices"], opts["max_plans"]) == (3, 4)  # nothing applied
 
 
 def test_configure_takes_torch_compile_values() -> None:
     modelpar.device.configure(devices=4, placer="m-topo", memory="1GiB", device_map="cpu")
-    opts = modelpar.device_options()
+    opts = modelpar.device.device_options()
     assert (opts["devices"], opts["placer"], opts["memory"]) == (4, "m-topo", 2**30)
-    modelpar.set_device_options(strict=True)  # keeps the planning options
-    assert modelpar.device_options()["devices"] == 4 and modelpar.device_options()["strict"]
+    modelpar.device.set_device_options(strict=True)  # keeps the planning options
+    assert modelpar.device.device_options()["devices"] == 4 and modelpar.device.device_options()["strict"]
     modelpar.device.configure(devices=2, pipeline={"schedule": "1f1b", "batched_inputs": ["images"]})
-    modelpar.set_device_options(warn_on_graph_break=False)
-    pipeline = modelpar.device_options()["pipeline"]
+    modelpar.device.set_device_options(warn_on_graph_break=False)
+    pipeline = modelpar.device.device_options()["pipeline"]
     assert (pipeline["schedule"], pipeline["microbatches"], pipeline["batched_inputs"]) == \
         ("1f1b", 4, ["images"])
 
@@ -64,14 +64,14 @@ def test_configure_takes_torch_compile_values() -> None:
 def test_step_placed_on_cpu_workers_trains_like_cpu(name: str, devices: int) -> None:
     want, cpu_model = _train("cpu", OPTIMIZERS[name], steps=4)
     modelpar.device.configure(devices=devices, placer="m-etf")
-    modelpar.reset_device_counters()
+    modelpar.device.reset_device_counters()
     got, dev_model = _train("modelpar", OPTIMIZERS[name], steps=4)
     # TOL: the same kernels, but each on a one-thread CPU worker, which may
     # add a reduction's fp32 terms in another order than eager's threads.
     TOL.assert_close(torch.tensor(got), torch.tensor(want))
     for (n, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
         TOL.assert_close(p_dev.cpu(), p_cpu, msg=n)
-    counters = modelpar.device_counters()
+    counters = modelpar.device.device_counters()
     assert counters["captures"] == (1 if name == "sgd" else 2)
     assert counters["captures"] + counters["replays"] == 4
     plan = modelpar.device.plans()[-1]
@@ -91,26 +91,26 @@ def test_scheduled_non_capturable_adam_replays(devices: int) -> None:
     steps = 6
     want = _train_scheduled_adam("cpu", steps)
     modelpar.device.configure(devices=devices)
-    modelpar.reset_device_counters()
+    modelpar.device.reset_device_counters()
     got = _train_scheduled_adam("modelpar", steps)
     # The same Adam arithmetic as the CPU (not capturable on either side);
     # TOL.after(steps): the reordering error of every step accumulates.
     TOL.after(steps).assert_close(torch.tensor(got), torch.tensor(want))
-    counters = modelpar.device_counters()
+    counters = modelpar.device.device_counters()
     assert counters["graph_breaks"] == 0
     # Adam creates its state in the first step; every later step, with its
     # own learning rate and bias corrections, replays the second plan.
     assert counters["captures"] == 2 and counters["replays"] == steps - 2
-    assert ": float input" in modelpar.last_graph()
+    assert ": float input" in modelpar.device.last_graph()
 
 
 def test_plan_cache_is_bounded_least_recently_used_first() -> None:
     modelpar.device.configure(max_plans=2)
-    modelpar.clear_device_plans()
-    modelpar.reset_device_counters()
+    modelpar.device.clear_device_plans()
+    modelpar.device.reset_device_counters()
     for n in (1, 2, 1, 3, 1, 2):  # captures A, B; replays A; C evicts B; A; B evicts C
         assert (torch.ones(n).to("modelpar") * 2).sum().item() == 2.0 * n
-    counters = modelpar.device_counters()
+    counters = modelpar.device.device_counters()
     assert (counters["captures"], counters["replays"], counters["evictions"]) == (4, 2, 2)
     assert len(modelpar.device.plans()) == 2
 
@@ -139,7 +139,7 @@ def test_eager_python_pipelined_on_the_device_trains_like_cpu(schedule: str) -> 
     steps = 4
     want, cpu_model = _train_convs("cpu", steps)
     modelpar.device.configure(devices=2, pipeline={"microbatches": 3, "schedule": schedule})
-    modelpar.reset_device_counters()
+    modelpar.device.reset_device_counters()
     got, dev_model = _train_convs("modelpar", steps)
     # Micro-batches of 4, 4, 2 add every weight gradient up in three parts
     # (another fp32 order); the longest sum is fc's 144 inputs.
@@ -147,7 +147,7 @@ def test_eager_python_pipelined_on_the_device_trains_like_cpu(schedule: str) -> 
     tol.assert_close(torch.tensor(got), torch.tensor(want))
     for (n, p_cpu), p_dev in zip(cpu_model.state_dict().items(), dev_model.state_dict().values()):
         tol.assert_close(p_dev.cpu(), p_cpu, msg=n)
-    counters = modelpar.device_counters()
+    counters = modelpar.device.device_counters()
     assert counters["captures"] == 2 and counters["replays"] == steps - 2  # momentum buffers
     summary = str(modelpar.device.plans()[-1])
     assert f"2 stages on 2 devices, 3 micro-batches of 4, schedule {schedule}" in summary

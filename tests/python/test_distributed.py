@@ -1,5 +1,5 @@
 """Plans over the ranks of a torch.distributed process group
-(``options={"devices": "world"}``, python_shim/modelpar/distributed.py and
+(``options={"devices": "world"}``, python_shim/modelpar/distributed/rank_executor.py and
 runtime/rank_executor.h): N processes on localhost with Gloo, each running
 tests/python/dist_worker.py, every wait bounded.
 
@@ -131,8 +131,8 @@ def test_a_training_step_planned_again_keeps_the_first_plans_homes() -> None:
     # phases split from the plan bind it there as well. Two partitions of the
     # skip step over 3 devices stand for the two batch sizes' plans.
     from modelpar import _C
-    from modelpar.distributed import keep_homes
-    g = modelpar.load_graph(Path(__file__).resolve().parents[2] / "examples/ir/skip_step_symbolic.txt")
+    from modelpar.distributed.homes import keep_homes
+    g = modelpar.ir.load_graph(Path(__file__).resolve().parents[2] / "examples/ir/skip_step_symbolic.txt")
 
     def planned(partition: str):
         return modelpar.plan_pipeline(g, devices=3, microbatches=2, batch_size=16,
@@ -156,7 +156,7 @@ def test_a_training_step_planned_again_keeps_the_first_plans_homes() -> None:
         got = params(part)
         assert got == {n: homes[n] for n in got}, (got, homes)
     # The moved plan computes what the first one does.
-    from modelpar.planning import example_inputs
+    from modelpar.planning.placement import example_inputs
     inputs = example_inputs(first.program.graph, {"B": 16})
     want = modelpar.Executor(first.program, device_map="cpu-workers").run(inputs)
     got = modelpar.Executor(moved.program, device_map="cpu-workers").run(inputs)
@@ -353,7 +353,7 @@ def test_auto_strategy_over_ranks_plans_on_rank_0s_measurements(world: int, case
     corrupt.mkdir(parents=True)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "rank1"))
     monkeypatch.delenv("MODELPAR_CPU_PROFILE", raising=False)
-    from modelpar import cpu_profile
+    from modelpar.profiles import cpu as cpu_profile
     Path(cpu_profile._cache_file(1)).write_text("not a profile")
     monkeypatch.undo()
     monkeypatch.setenv("MODELPAR_TEST_CACHE_ROOT", str(tmp_path))
@@ -492,16 +492,16 @@ def test_world_without_an_initialised_group_is_a_config_error() -> None:
     import torch.distributed as dist
     assert not dist.is_initialized()
     with pytest.raises(modelpar.ConfigError, match="init_process_group"):
-        modelpar.resolve_options({"devices": "world"})
+        modelpar.planning.options.resolve_options({"devices": "world"})
 
 
 def test_bad_distributed_options_are_config_errors() -> None:
     with pytest.raises(modelpar.ConfigError, match="devices takes"):
-        modelpar.resolve_options({"devices": "everything"})
+        modelpar.planning.options.resolve_options({"devices": "everything"})
     with pytest.raises(modelpar.ConfigError, match="peer_timeout"):
-        modelpar.resolve_options({"devices": 2, "peer_timeout": 5})
+        modelpar.planning.options.resolve_options({"devices": 2, "peer_timeout": 5})
     with pytest.raises(modelpar.ConfigError, match="peer_timeout"):
-        modelpar.resolve_options({"devices": "world", "peer_timeout": -1})
+        modelpar.planning.options.resolve_options({"devices": "world", "peer_timeout": -1})
 
 
 def test_devices_other_than_the_group_size_is_a_config_error() -> None:
@@ -511,18 +511,18 @@ def test_devices_other_than_the_group_size_is_a_config_error() -> None:
     try:
         group = dist.distributed_c10d._get_default_group()
         with pytest.raises(modelpar.ConfigError, match="devices=2 but the process group has 1 rank"):
-            modelpar.resolve_options({"devices": 2, "process_group": group})
+            modelpar.planning.options.resolve_options({"devices": 2, "process_group": group})
         with pytest.raises(modelpar.ConfigError, match="process_group takes"):
-            modelpar.resolve_options({"devices": "world", "process_group": "default"})
+            modelpar.planning.options.resolve_options({"devices": "world", "process_group": "default"})
         with pytest.raises(modelpar.ConfigError, match="not yet supported over a process group"):
-            modelpar.resolve_options({"devices": "world", "cuda_graphs": True})
+            modelpar.planning.options.resolve_options({"devices": "world", "cuda_graphs": True})
         # The mode asks for what helps where it can: a warning, stream replay.
         with pytest.warns(UserWarning, match="runs as mode='default', by stream replay"):
-            o = modelpar.resolve_options({"devices": "world"}, "reduce-overhead")
+            o = modelpar.planning.options.resolve_options({"devices": "world"}, "reduce-overhead")
         assert o.world and not o.cuda_graphs
-        assert modelpar.resolve_options({"devices": "world", "trace": "t.json"}).trace == "t.json"
-        assert modelpar.resolve_options({"devices": "world", "strategy": "auto"}).strategy == "auto"
-        opts = modelpar.resolve_options({"devices": "world", "peer_timeout": 5})
+        assert modelpar.planning.options.resolve_options({"devices": "world", "trace": "t.json"}).trace == "t.json"
+        assert modelpar.planning.options.resolve_options({"devices": "world", "strategy": "auto"}).strategy == "auto"
+        opts = modelpar.planning.options.resolve_options({"devices": "world", "peer_timeout": 5})
         assert (opts.world, opts.devices, opts.peer_timeout) == (True, 1, 5.0)
     finally:
         dist.destroy_process_group()

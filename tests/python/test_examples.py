@@ -34,7 +34,7 @@ def _eager_step(x, y, w1, w2, lr=0.1):
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_single_device_step_equals_eager_autograd(seed: int) -> None:
-    graph = modelpar.load_graph(str(EXAMPLES / "mlp_step.txt"))
+    graph = modelpar.ir.load_graph(str(EXAMPLES / "mlp_step.txt"))
     inputs = _inputs(seed)
     for got, want in zip(modelpar.run_graph(graph, inputs), _eager_step(*inputs)):
         TOL.assert_close(got, want)
@@ -42,8 +42,8 @@ def test_single_device_step_equals_eager_autograd(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_pipelined_program_equals_single_device_graph(seed: int) -> None:
-    program = modelpar.load_program(str(EXAMPLES / "mlp_pipeline_2dev.txt"))
-    graph = modelpar.load_graph(str(EXAMPLES / "mlp_step.txt"))
+    program = modelpar.ir.load_program(str(EXAMPLES / "mlp_pipeline_2dev.txt"))
+    graph = modelpar.ir.load_graph(str(EXAMPLES / "mlp_step.txt"))
     inputs = _inputs(seed)
     pipelined = modelpar.run_program(program, inputs)
     single = modelpar.run_graph(graph, inputs)
@@ -54,13 +54,13 @@ def test_pipelined_program_equals_single_device_graph(seed: int) -> None:
 
 
 def test_program_without_a_send_is_rejected() -> None:
-    program = modelpar.load_program(str(EXAMPLES / "mlp_pipeline_2dev_missing_send.txt"))
+    program = modelpar.ir.load_program(str(EXAMPLES / "mlp_pipeline_2dev_missing_send.txt"))
     with pytest.raises(modelpar.InvalidIrError, match=r"%a_1"):
         program.verify()
 
 
 def test_deadlocking_program_is_rejected_and_not_run() -> None:
-    program = modelpar.load_program(str(EXAMPLES / "mlp_pipeline_2dev_deadlock.txt"))
+    program = modelpar.ir.load_program(str(EXAMPLES / "mlp_pipeline_2dev_deadlock.txt"))
     with pytest.raises(modelpar.InvalidIrError, match="deadlock"):
         program.verify()
     with pytest.raises(modelpar.InvalidIrError, match="deadlock"):
@@ -82,7 +82,7 @@ def test_four_layer_gradient_step_equals_eager_autograd(batch: int) -> None:
     # are at most 64 long, 8 matmuls deep on the way to dw1 (4 forward, 4
     # backward).
     tol = Reordered(64, depth=8)
-    graph = modelpar.load_graph(str(EXAMPLES / "mlp4_grads_symbolic.txt"))
+    graph = modelpar.ir.load_graph(str(EXAMPLES / "mlp4_grads_symbolic.txt"))
     gen = torch.Generator().manual_seed(batch)
     x, y = torch.randn(batch, 32, generator=gen), torch.randn(batch, 8, generator=gen)
     ws = [torch.randn(a, b, generator=gen) / a**0.5 for a, b in [(32, 64), (64, 64), (64, 64), (64, 8)]]

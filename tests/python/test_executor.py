@@ -46,7 +46,7 @@ def mlp_inputs() -> list[torch.Tensor]:
 
 
 def test_mlp_pipeline_on_two_workers_equals_reference_interpreter():
-    program = modelpar.load_program(MLP)
+    program = modelpar.ir.load_program(MLP)
     inputs = mlp_inputs()
     want = modelpar.run_program(program, inputs)
     ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
@@ -73,7 +73,7 @@ def test_the_callers_python_dispatch_modes_do_not_see_the_workers_ops():
             CountOps.seen += 1
             return func(*args, **(kwargs or {}))
 
-    program = modelpar.load_program(MLP)
+    program = modelpar.ir.load_program(MLP)
     inputs = mlp_inputs()
     want = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1).run(inputs)
     ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
@@ -129,7 +129,7 @@ def test_python_ops_on_different_workers_overlap():
 
 
 def test_chrome_trace_of_a_step(tmp_path):
-    program = modelpar.load_program(MLP)
+    program = modelpar.ir.load_program(MLP)
     ex = modelpar.Executor(program, record_trace=True, threads_per_device=1)
     ex.run(mlp_inputs())
     trace = json.loads(ex.chrome_trace())
@@ -143,35 +143,35 @@ def test_chrome_trace_of_a_step(tmp_path):
 
 
 def test_trace_needs_record_trace():
-    ex = modelpar.Executor(modelpar.load_program(MLP))
+    ex = modelpar.Executor(modelpar.ir.load_program(MLP))
     ex.run(mlp_inputs())
     with pytest.raises(modelpar.ConfigError, match="record_trace"):
         ex.chrome_trace()
 
 
 def test_device_maps_are_checked():
-    program = modelpar.load_program(MLP)
+    program = modelpar.ir.load_program(MLP)
     with pytest.raises(modelpar.ConfigError, match="names 3 devices but the program has 2"):
         modelpar.Executor(program, device_map=["cpu", "cpu", "cpu"])
     with pytest.raises(modelpar.ConfigError, match="is not a device"):
         modelpar.Executor(program, device_map="gpu")
-    if not modelpar.cuda_devices_built():
+    if not modelpar.runtime.executor.cuda_devices_built():
         with pytest.raises(modelpar.ConfigError, match="no CUDA support"):
             modelpar.Executor(program, device_map="cuda:0")
 
 
 def test_bad_inputs_are_rejected():
-    ex = modelpar.Executor(modelpar.load_program(MLP))
+    ex = modelpar.Executor(modelpar.ir.load_program(MLP))
     with pytest.raises(TypeError, match="input 1"):
         ex.run([torch.randn(8, 16), "y", torch.randn(16, 32), torch.randn(32, 4)])
     with pytest.raises(modelpar.ExecutionError, match="f32"):
         ex.run([torch.randn(9, 16), torch.randn(8, 4), torch.randn(16, 32), torch.randn(32, 4)])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available() or not modelpar.cuda_devices_built(),
+@pytest.mark.skipif(not torch.cuda.is_available() or not modelpar.runtime.executor.cuda_devices_built(),
                     reason="needs a GPU and a CUDA build")
 def test_one_gpu_hosting_two_logical_devices():
-    program = modelpar.load_program(MLP)
+    program = modelpar.ir.load_program(MLP)
     inputs = [t.cuda() for t in mlp_inputs()]
     want = modelpar.run_program(program, inputs)
     got = modelpar.Executor(program, device_map="cuda:0").run(inputs)
@@ -180,7 +180,7 @@ def test_one_gpu_hosting_two_logical_devices():
 
 
 def test_graph_replay_on_cpu_workers_equals_stream_replay_and_says_why_not_captured():
-    program = modelpar.load_program(MLP)
+    program = modelpar.ir.load_program(MLP)
     streams = modelpar.Executor(program, threads_per_device=1)
     graphs = modelpar.Executor(program, threads_per_device=1, replay="graphs", warmup_steps=1)
     assert "warming up" in graphs.replay_status()["summary"]
@@ -196,7 +196,7 @@ def test_graph_replay_on_cpu_workers_equals_stream_replay_and_says_why_not_captu
 
 
 def test_capture_issues_answer_for_a_gpu_without_one():
-    assert modelpar.capture_issues(modelpar.load_program(MLP), "cuda:0") == []
+    assert modelpar.runtime.executor.capture_issues(modelpar.ir.load_program(MLP), "cuda:0") == []
     program = modelpar.parse_program(
         """
         program devices=1
@@ -207,7 +207,7 @@ def test_capture_issues_answer_for_a_gpu_without_one():
         device 0 {
           run %n
         }""")
-    [issue] = modelpar.capture_issues(program, "cuda:0")
+    [issue] = modelpar.runtime.executor.capture_issues(program, "cuda:0")
     assert (issue["device"], issue["instruction"]) == (0, 0)
     assert "aten::nonzero" in issue["what"]
     with pytest.raises(modelpar.ConfigError, match="replay must be"):

@@ -10,7 +10,8 @@ import torch
 import torch.fx
 
 import modelpar
-from modelpar.fx_import import GraphKind, UnsupportedGraph, import_graph, layer_name, source_name
+from modelpar.compile.fx_import import (GraphKind, UnsupportedGraph, import_graph, layer_name,
+                                        source_name)
 
 
 @pytest.mark.parametrize("path, layer", [

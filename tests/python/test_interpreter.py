@@ -266,7 +266,7 @@ def test_graph_properties_print_and_equality(tmp_path):
     g.verify()
     path = tmp_path / "lin.txt"
     path.write_text(LIN)
-    assert modelpar.load_graph(path) == g
+    assert modelpar.ir.load_graph(path) == g
 
 
 # ---- errors map to Python classes -------------------------------------------------------

@@ -1,5 +1,5 @@
-"""modelpar.materialize_all / materialize / untouched_like in one process
-(python_shim/modelpar/materialize.py); the ranks' side is in
+"""modelpar.distributed.materialize.materialize_all / materialize / untouched_like in one process
+(python_shim/modelpar/distributed/materialize.py); the ranks' side is in
 test_distributed.py (a model built on the meta device trains like eager;
 each rank's pages of other ranks' parameters are never resident).
 
@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 import modelpar
-from modelpar.materialize import untouched_like
+from modelpar.distributed.untouched import untouched_like
 from models import MLP
 
 
@@ -46,7 +46,7 @@ def test_materialize_all_gives_what_eager_construction_gives(make) -> None:
     after_eager = torch.rand(1)
     model = _on_meta(make)
     torch.manual_seed(0)
-    modelpar.materialize_all(model)
+    modelpar.distributed.materialize.materialize_all(model)
     assert torch.equal(torch.rand(1), after_eager)  # the same numbers were drawn
     want = dict(eager.state_dict())
     got = dict(model.state_dict())
@@ -67,7 +67,7 @@ def test_a_custom_init_is_called_per_module_in_order() -> None:
             p.fill_(len(seen))
 
     model = _on_meta(MLP)
-    modelpar.materialize_all(model, init=init)
+    modelpar.distributed.materialize.materialize_all(model, init=init)
     holders = [n for n, m in model.named_modules() if list(m.parameters(recurse=False))]
     assert seen == holders
     for i, name in enumerate(holders, start=1):
@@ -85,7 +85,7 @@ class Raw(nn.Module):
 def test_a_module_the_default_init_cannot_fill_is_named_and_nothing_changes() -> None:
     model = _on_meta(Raw)
     with pytest.raises(modelpar.ConfigError, match=r"module \(the model\) \(Raw\) holds scale"):
-        modelpar.materialize_all(model)
+        modelpar.distributed.materialize.materialize_all(model)
     assert all(t.device.type == "meta" for t in model.state_dict().values())
     with pytest.raises(modelpar.ConfigError, match="reset_parameters"):
         modelpar.materialize(model, lambda: None)

@@ -140,7 +140,7 @@ def assert_same(a: list, b: list) -> None:
 @pytest.mark.parametrize("batch", [8, 10])
 @pytest.mark.parametrize("text", ["mean", "sum", "tangent"])
 def test_mlp_step_split_equals_full_batch(text: str, batch: int, m: int) -> None:
-    graph = {"mean": modelpar.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt"),
+    graph = {"mean": modelpar.ir.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt"),
              "sum": modelpar.parse_graph(MLP_SUM),
              "tangent": modelpar.parse_graph(MLP_TANGENT)}[text]
     inputs = mlp_inputs(batch, tangent=text == "tangent")
@@ -155,7 +155,7 @@ def test_full_mlp_step_equals_autograd() -> None:
     w1r, w2r = w1.clone().requires_grad_(), w2.clone().requires_grad_()
     loss = torch.nn.functional.mse_loss(torch.relu(x @ w1r) @ w2r, y)
     loss.backward()
-    graph = modelpar.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt")
+    graph = modelpar.ir.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt")
     out = modelpar.run_graph(modelpar.microbatch(graph, microbatches=3, batch_size=8),
                              [x, y, w1, w2])
     assert_same(out, [loss.detach(), w1 - 0.1 * w1r.grad, w2 - 0.1 * w2r.grad])
@@ -181,14 +181,14 @@ def test_skip_connection_split_equals_full_batch_and_autograd(m: int) -> None:
 def test_microbatch_sizes_follow_torch_chunk() -> None:
     for batch, m in [(10, 3), (10, 4), (10, 6), (8, 8), (7, 2)]:
         expected = [len(c) for c in torch.arange(batch).chunk(m)]
-        assert modelpar.microbatch_sizes(batch, m) == expected
+        assert modelpar.planning.pipeline.microbatch_sizes(batch, m) == expected
 
 
 def test_errors_map_to_python_classes() -> None:
-    graph = modelpar.load_graph(ROOT / "examples/ir/mlp_step.txt")  # static batch of 8
+    graph = modelpar.ir.load_graph(ROOT / "examples/ir/mlp_step.txt")  # static batch of 8
     with pytest.raises(modelpar.ConfigError, match=r"f32\[B, 16\]"):
         modelpar.microbatch(graph, microbatches=2, batch_size=8)
-    sym = modelpar.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt")
+    sym = modelpar.ir.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt")
     with pytest.raises(modelpar.ConfigError, match="9 micro-batches asked for a batch of 8"):
         modelpar.microbatch(sym, microbatches=9, batch_size=8)
     with pytest.raises(modelpar.UnsupportedOpError, match="native_dropout"):
@@ -243,7 +243,7 @@ def test_checkpoint_stage_dict_must_cover_every_layer() -> None:
 def test_comparison_sees_a_wrong_loss_weight() -> None:
     """The equality above is not vacuous: weighting a mean loss as a sum
     (w_k = 1) gives gradients m times too large, and the check sees it."""
-    graph = modelpar.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt")
+    graph = modelpar.ir.load_graph(ROOT / "examples/ir/mlp_step_symbolic.txt")
     inputs = mlp_inputs(8)
     wrong = modelpar.microbatch(graph, microbatches=2, batch_size=8, loss_reduction="sum")
     full = modelpar.run_graph(graph, inputs)

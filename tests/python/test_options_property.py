@@ -1,8 +1,8 @@
 """Property-based tests of the torch.compile options (issue 12), with hypothesis.
 
-``modelpar.resolve_options(options, mode)`` is the one gate every
+``modelpar.planning.options.resolve_options(options, mode)`` is the one gate every
 ``torch.compile(..., backend="modelpar", options=..., mode=...)`` passes
-through before anything is traced. Its contract (python_shim/modelpar/options.py):
+through before anything is traced. Its contract (python_shim/modelpar/planning/options.py):
 
 - every valid option dict resolves, to the values given (defaults filled in);
 - every invalid one — a wrong type, an int out of range, an unknown key (of any
@@ -32,11 +32,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import modelpar
-from modelpar import ConfigError, resolve_options
-from modelpar.option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, LOSS_REDUCTIONS,
-                                   MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS,
-                                   STRATEGIES)
-from modelpar.options import VALID_MODES, pipeline_options
+from modelpar import ConfigError
+from modelpar.planning.options import resolve_options
+from modelpar.planning.option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, LOSS_REDUCTIONS,
+                                            MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES,
+                                            PLACERS, STRATEGIES)
+from modelpar.planning.options import VALID_MODES, pipeline_options
 
 _SCALE = int(os.environ.get("MODELPAR_PROPERTY_EXAMPLES", "0"))
 
@@ -44,7 +45,12 @@ _SCALE = int(os.environ.get("MODELPAR_PROPERTY_EXAMPLES", "0"))
 def _settings(n: int) -> settings:
     # database=None: no .hypothesis/ folder in the checkout; deadline=None: a
     # loaded 2-core CI machine must not turn a slow example into a failure.
+    # derandomize: the suite draws the same examples on every machine and
+    # run (a failure is the code's, not the draw's); exploring with
+    # MODELPAR_PROPERTY_EXAMPLES=N draws fresh ones, and what it finds is
+    # pinned in test_bad_values_found_by_the_property_tests.
     return settings(max_examples=_SCALE or n, deadline=None, database=None,
+                    derandomize=not _SCALE,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 
 
@@ -263,7 +269,7 @@ def bad_options(draw: st.DrawFn) -> tuple[Any, Any]:
     return o, mode
 
 
-def _resolve(options: Any, mode: Any) -> modelpar.CompileOptions:
+def _resolve(options: Any, mode: Any) -> modelpar.planning.options.CompileOptions:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # max-autotune: "nothing to autotune yet"
         return resolve_options(options, mode)
@@ -340,6 +346,16 @@ def test_any_option_dict_resolves_or_is_a_config_error(options, mode) -> None:
     # the renamed-value check compared an array with '==' (a numpy ValueError)
     ({"pipeline": {"schedule": np.array([0, 0])}}, r"pipeline\['schedule'\]=array\(\[0, 0\]\)"),
     ({"pipeline": {"partition": "pipedream"}}, r"'balance-time-comm' now"),
+    # partition='madpipe' picks the default schedule with '==' (found on a
+    # fresh machine by a random draw: a numpy ValueError, issue 36)
+    ({"pipeline": {"partition": np.array([0, 0])}}, r"pipeline\['partition'\]=array\(\[0, 0\]\)"),
+    ({"pipeline": {"partition": torch.tensor([1])}}, r"pipeline\['partition'\]=tensor"),
+    ({"devices": np.int64(2)}, r"devices"),
+    ({"devices": np.array([2])}, r"devices"),
+    ({"memory": b"1GiB"}, r"memory=b'1GiB' is not valid"),
+    ({"pipeline": {"microbatches": np.int64(4)}}, r"pipeline\['microbatches'\]"),
+    ({"strategy": ["auto"]}, r"strategy=\['auto'\] is not valid"),
+    ({"trace": {"path": "x"}}, r"trace=\{'path': 'x'\} is not valid"),
 ])
 def test_bad_values_found_by_the_property_tests(options, match) -> None:
     """The cases the properties above found (each was a TypeError,

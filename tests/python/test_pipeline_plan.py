@@ -30,7 +30,7 @@ def inputs(batch: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def reference(batch: int, seed: int = 0) -> list[torch.Tensor]:
-    return modelpar.run_graph(modelpar.load_graph(STEP), inputs(batch, seed))
+    return modelpar.run_graph(modelpar.ir.load_graph(STEP), inputs(batch, seed))
 
 
 def run_pipelined(plan, batch: int, seed: int = 0) -> list[torch.Tensor]:
@@ -150,10 +150,10 @@ def test_split_gpipe_step_run_in_two_calls_equals_the_unsplit_step(checkpoint: s
     """splitPhases (passes/pipeline/split_phases.h): the forward part, then the
     backward part fed the carried values, give the step's outputs."""
     from modelpar import _C
-    plan = modelpar.plan_pipeline(modelpar.load_graph(STEP), devices=4, microbatches=4,
+    plan = modelpar.plan_pipeline(modelpar.ir.load_graph(STEP), devices=4, microbatches=4,
                                   batch_size=8, schedule="gpipe", checkpoint=checkpoint)
     first, second, carried = _C.split_phases(plan)
-    names = list(modelpar.load_graph(STEP).input_names)
+    names = list(modelpar.ir.load_graph(STEP).input_names)
     values = dict(zip(names, inputs(8)))
     ex1 = modelpar.Executor(first, device_map="cpu-workers", threads_per_device=1)
     out1 = dict(zip(first.graph.output_names, ex1.run([values[n] for n in first.graph.input_names])))
@@ -164,5 +164,5 @@ def test_split_gpipe_step_run_in_two_calls_equals_the_unsplit_step(checkpoint: s
                     ex2.run([values[n] for n in second.graph.input_names])))
     got = {**out1, **out2}
     want = reference(8)
-    step_outputs = list(modelpar.load_graph(STEP).output_names)
+    step_outputs = list(modelpar.ir.load_graph(STEP).output_names)
     assert_same([got[n] for n in step_outputs], want)

@@ -94,9 +94,9 @@ def test_diamond_plan_has_the_hand_computed_step_time(machine: Path, tmp_path: P
 
 
 def test_plan_graph_runs_every_placer_on_the_mlp_example() -> None:
-    g = modelpar.load_graph(MLP_STEP)
+    g = modelpar.ir.load_graph(MLP_STEP)
     before = str(g)
-    for placer in modelpar.PLACERS:
+    for placer in modelpar.planning.placement.PLACERS:
         p = modelpar.plan_graph(MLP_STEP, devices=2, placer=placer, memory="16GiB")
         assert p.num_devices == 2
         assert set(p.placement) == {"h", "a", "p", "loss", "g", "dp", "at", "dw2", "w2t", "da",
@@ -123,14 +123,14 @@ def test_lowered_program_computes_what_the_graph_computes(machine: Path) -> None
 
 
 def test_memory_sizes_parse_and_garbage_raises_config_error() -> None:
-    assert modelpar.parse_bytes("16GiB") == 16 << 30
-    assert modelpar.parse_bytes("512MiB") == 512 << 20
-    assert modelpar.parse_bytes("1.5GB") == 1_500_000_000
-    assert modelpar.parse_bytes("2 kib") == 2048
-    assert modelpar.parse_bytes(4096) == 4096
+    assert modelpar.planning.placement.parse_bytes("16GiB") == 16 << 30
+    assert modelpar.planning.placement.parse_bytes("512MiB") == 512 << 20
+    assert modelpar.planning.placement.parse_bytes("1.5GB") == 1_500_000_000
+    assert modelpar.planning.placement.parse_bytes("2 kib") == 2048
+    assert modelpar.planning.placement.parse_bytes(4096) == 4096
     for bad in ("16 gigs", "", "-1GiB", "1.5.3GB", "GiB", True, 1.5, None):
         with pytest.raises(modelpar.ConfigError, match="is not a size"):
-            modelpar.parse_bytes(bad)
+            modelpar.planning.placement.parse_bytes(bad)
     p = modelpar.plan_graph(MLP_STEP, devices=2, memory=["1MiB", 2 << 20])
     assert p.capacity_bytes == [1 << 20, 2 << 20]
     with pytest.raises(modelpar.ConfigError, match="memory has 3 values for 2 devices"):
@@ -165,7 +165,7 @@ def test_dump_dir_receives_the_ir_after_every_pass(tmp_path: Path) -> None:
     assert names == ["mlp_step.plan-01-cost.txt", "mlp_step.plan-02-coarsen.txt",
                      "mlp_step.plan-03-place-metf.txt", "mlp_step.plan-04-lower.txt",
                      "mlp_step.plan-05-simulate.txt"]
-    modelpar.load_program(tmp_path / "mlp_step.plan-04-lower.txt").verify()
+    modelpar.ir.load_program(tmp_path / "mlp_step.plan-04-lower.txt").verify()
 
 
 # ---- the command line ---------------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_search_chooses_the_simulators_minimum_and_its_plan_runs(tmp_path, machi
         assert chosen["kind"] == "pipeline", s.table()
     for c in ok:  # the bound is a lower bound (Note [A lower bound per candidate])
         assert c["step_us"] >= c["lower_bound_us"] * (1 - 1e-9), c
-    want = modelpar.run_graph(modelpar.load_graph(STEP), _step_inputs(16))
+    want = modelpar.run_graph(modelpar.ir.load_graph(STEP), _step_inputs(16))
     ex = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)
     got = ex.run(_step_inputs(16))
     for i, (a, b) in enumerate(zip(got, want)):
@@ -161,24 +161,24 @@ def test_cli_strategy_auto_lists_candidates_and_the_chosen_plan(tmp_path):
 
 
 def test_options_strategy_and_max_autotune(monkeypatch):
-    assert modelpar.resolve_options({"devices": 2, "strategy": "auto"}).strategy == "auto"
-    assert modelpar.resolve_options({"devices": 2}).strategy == "manual"
-    o = modelpar.resolve_options({"devices": 2}, "max-autotune")
+    assert modelpar.planning.options.resolve_options({"devices": 2, "strategy": "auto"}).strategy == "auto"
+    assert modelpar.planning.options.resolve_options({"devices": 2}).strategy == "manual"
+    o = modelpar.planning.options.resolve_options({"devices": 2}, "max-autotune")
     assert o.strategy == "auto" and o.planned and o.whole_step
     with pytest.warns(UserWarning, match="nothing to autotune \\(one device\\)"):
-        assert modelpar.resolve_options({"devices": 1}, "max-autotune").strategy == "manual"
-    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 3)
-    o = modelpar.resolve_options(None, "max-autotune-no-cudagraphs")  # what torch.compile passes
+        assert modelpar.planning.options.resolve_options({"devices": 1}, "max-autotune").strategy == "manual"
+    monkeypatch.setattr(modelpar.planning.options.os, "cpu_count", lambda: 3)
+    o = modelpar.planning.options.resolve_options(None, "max-autotune-no-cudagraphs")  # what torch.compile passes
     assert (o.devices, o.strategy) == (3, "auto")
     with pytest.warns(UserWarning, match="placer picks the plan by hand"):
-        o = modelpar.resolve_options({"devices": 2, "placer": "m-sct"}, "max-autotune")
+        o = modelpar.planning.options.resolve_options({"devices": 2, "placer": "m-sct"}, "max-autotune")
     assert o.strategy == "manual" and o.placer == "m-sct"
     with pytest.raises(modelpar.ConfigError, match="strategy='auto' searches .* but "
                                                    "pipeline=.* picks one by hand"):
-        modelpar.resolve_options({"devices": 2, "strategy": "auto", "pipeline": {}})
+        modelpar.planning.options.resolve_options({"devices": 2, "strategy": "auto", "pipeline": {}})
     with pytest.raises(modelpar.ConfigError, match="strategy='fast' is not valid; strategy "
                                                    "takes one of 'manual', 'auto'"):
-        modelpar.resolve_options({"devices": 2, "strategy": "fast"})
+        modelpar.planning.options.resolve_options({"devices": 2, "strategy": "fast"})
 
 
 def _train(name: str, options: dict, mode: str | None, steps: int, loss_inside: bool):
@@ -252,7 +252,7 @@ def test_auto_with_a_trace_writes_the_chosen_plans_traces(tmp_path, monkeypatch,
 def test_max_autotune_picks_a_pipeline_on_a_compute_bound_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("MODELPAR_CPU_PROFILE", _compute_bound_machine(tmp_path))
     # torch.compile takes mode or options: max-autotune plans one device per core.
-    monkeypatch.setattr(modelpar.options.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(modelpar.planning.options.os, "cpu_count", lambda: 2)
     plan = _train("mlp", None, "max-autotune", 2, True)
     assert plan.options.devices == 2 and plan.options.strategy == "auto"
     chosen = next(c for c in plan.candidates if c["chosen"])
@@ -341,7 +341,7 @@ def test_timing_restores_the_inputs_a_step_writes_through_views():
     # static cache is written through a view of it (copy_ into a select) and
     # its position in place; the timers must rewind both, found as the
     # placement and the pipeline find them (op_family's writtenInput).
-    from modelpar.planning import InputRewind
+    from modelpar.planning.placement import InputRewind
     g = modelpar.parse_graph("""graph @advance(%pos: i64[1] input, %cache: f32[4, 2] input,
                                                %x: f32[2] input) {
   %row: f32[2] = aten::select.int(%cache, 0, 1)

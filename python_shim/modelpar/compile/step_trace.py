@@ -4,7 +4,7 @@ simulated file per step, over every graph of the step.
 Note [One trace for the pieces of a step]
 ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 A graph break cuts the compiled function into pieces, each a Dynamo graph
-with a plan of its own (plan.py), and every piece has the same ``trace``
+with a plan of its own (compile/records.py), and every piece has the same ``trace``
 option. Each piece wrote its own step to that path, so the file held the
 last piece to finish (the first graph's, whose backward runs last) and the
 rest of the step was lost. Now the plans that share a path share one

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["owned_state_dict", "gather_state_dict"]
 
@@ -46,14 +46,14 @@ def _group(process_group: Any, who: str) -> tuple[Any, int, int]:
     """
     import torch.distributed as dist
 
-    from .distributed import group_of
+    from .groups import group_of
     group = group_of(process_group, f"modelpar {who}")
     return group, dist.get_rank(group), dist.get_world_size(group)
 
 
-def _home(t: torch.Tensor) -> int:
+def home_of(t: torch.Tensor) -> int:
     """The rank whose copy of ``t`` is current; 0 for a tensor no step took."""
-    from .distributed import home_rank
+    from .homes import home_rank
     home = home_rank(t)
     return 0 if home is None else home
 
@@ -69,7 +69,7 @@ def owned_state_dict(module: torch.nn.Module, *, process_group: Any = None
         ConfigError: not a module, or no initialised process group.
     """
     _, rank, _ = _group(process_group, "owned_state_dict")
-    return OrderedDict((n, t.detach()) for n, t in _entries(module) if _home(t) == rank)
+    return OrderedDict((n, t.detach()) for n, t in _entries(module) if home_of(t) == rank)
 
 
 def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: Any = None,
@@ -85,7 +85,7 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
     """
     import torch.distributed as dist
 
-    from .distributed import _wait, wire_device
+    from .groups import wait_for, wire_device
     group, rank, size = _group(process_group, "gather_state_dict")
     if isinstance(dst, bool) or not isinstance(dst, int) or not 0 <= dst < size:
         raise ConfigError(f"modelpar gather_state_dict: dst={dst!r} is not a rank of the "
@@ -98,18 +98,18 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
                 out[name] = out[first_of[id(t)]]
             continue
         first_of[id(t)] = name
-        home = _home(t)
+        home = home_of(t)
         if rank == dst and home == dst:
             out[name] = t.detach().to("cpu", copy=True)
         elif rank == dst:
             value = torch.empty(t.shape, dtype=t.dtype, device=wire_device(group))
-            _wait(dist.irecv(value, src=dist.get_global_rank(group, home), group=group,
+            wait_for(dist.irecv(value, src=dist.get_global_rank(group, home), group=group,
                              tag=index), timeout_s,
                   f"gather_state_dict: receiving {name} from rank {home}")
             out[name] = value.cpu()
         elif rank == home:
             data = t.detach().contiguous().to(wire_device(group))
-            _wait(dist.isend(data, dst=dist.get_global_rank(group, dst), group=group,
+            wait_for(dist.isend(data, dst=dist.get_global_rank(group, dst), group=group,
                              tag=index), timeout_s,
                   f"gather_state_dict: sending {name} to rank {dst}")
     return out

@@ -4,7 +4,7 @@ so both accept and refuse the same values with the same words.
 
 Example::
 
-    from modelpar.option_names import PLACERS, check_devices
+    from .option_names import PLACERS, check_devices
     PLACERS                       # ('m-topo', 'm-etf', 'm-sct')
     check_devices("options", 0)   # ConfigError: ... devices takes an int from 1 to 64
 """
@@ -13,15 +13,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _C
-from .errors import ConfigError
+from .. import _C
+from ..errors import ConfigError
 
 __all__ = ["PLACERS", "PIPELINE_SCHEDULES", "PARTITION_METHODS", "CHECKPOINT_MODES",
            "BATCH_NORM_MODES", "LOSS_REDUCTIONS", "STRATEGIES", "DEVICE_WORDS", "MAX_DEVICES",
            "check_one_of", "check_devices"]
 
 # A build without passes/ (MODELPAR_WITH_PASSES=OFF) has no names: every
-# planning option is then refused (planning.py says why).
+# planning option is then refused (planning/placement.py says why).
 _NAMES: dict[str, Any] = dict(_C.option_names()) if hasattr(_C, "option_names") else {}
 
 PLACERS: tuple[str, ...] = tuple(_NAMES.get("placer", ()))

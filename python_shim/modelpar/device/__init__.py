@@ -14,7 +14,7 @@ tensors are recorded too::
         loss.backward()
         opt.step()
         print(loss.item())              # runs the step
-    modelpar.device_counters()["captures"]   # 1: later steps were replays
+    modelpar.device.device_counters()["captures"]   # 1: later steps were replays
 
 :func:`configure` takes torch.compile's planning options (``devices``,
 ``device_map``, ``placer``, ``memory``): with ``devices=N`` every step is
@@ -38,7 +38,7 @@ from typing import Any, Iterator
 
 import torch
 
-from . import _C
+from .. import _C
 
 #: Pass as ``CMAKE_PREFIX_PATH`` so that a LibTorch project's
 #: ``find_package(modelpar)`` finds the ``modelpar::modelpar`` target.
@@ -69,7 +69,7 @@ def reset_device_counters() -> None:
 
 
 #: The keys of :func:`configure` that mean what they mean for ``torch.compile``
-#: (checked by options.py's resolve_options, with its words and errors).
+#: (checked by planning/options.py's resolve_options, with its words and errors).
 _COMPILE_KEYS = ("strict", "devices", "device_map", "placer", "memory", "pipeline")
 #: The keys only the device has, with their defaults.
 _DEVICE_DEFAULTS: dict[str, Any] = {"warn_on_graph_break": True, "cache": True, "max_plans": 8}
@@ -106,8 +106,8 @@ def configure(**options: Any) -> None:
         ConfigError: an unknown key or a bad value (the message names it and
             lists the valid ones); nothing is changed then.
     """
-    from .errors import ConfigError
-    from .options import resolve_options
+    from ..errors import ConfigError
+    from ..planning.options import resolve_options
 
     unknown = sorted(repr(k) for k in options if k not in CONFIGURE_KEYS)
     if unknown:

@@ -6,9 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ._C import Graph, Program
-from ._C import parse_graph as _parse_graph
-from ._C import parse_program as _parse_program
+from .._C import Graph, Program
+from .._C import parse_graph as _parse_graph
+from .._C import parse_program as _parse_program
 
 __all__ = ["Graph", "Program", "parse_graph", "parse_program", "load_graph", "load_program"]
 

@@ -15,10 +15,10 @@ silently ignored.
 | ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
-| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile_pipeline.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
+| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile/pipeline_step.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them; it never defers training-mode batch norm (a pipeline of several micro-batches of such a model fails saying so); its pipelines draw dropout per micro-batch (not a step that draws ``randperm``). Not with ``placer`` or ``pipeline`` (those pick by hand); over a process group rank 0 measures and every rank searches with its numbers (the one-device plan excluded) |
-| ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed.py) |
+| ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed/rank_executor.py) |
 | ``process_group`` | None or a ``torch.distributed.ProcessGroup`` | None | works: plan over this group's ranks (``devices``, when a count, must equal its size); None with ``devices="world"``: the default group |
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
@@ -53,10 +53,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, DEVICE_WORDS, LOSS_REDUCTIONS,
-                           MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS,
-                           STRATEGIES, check_devices)
+                           MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS, STRATEGIES,
+                           check_devices)
 
 __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
 
@@ -92,7 +92,10 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
                           f"{', '.join(extra)}; valid keys: {', '.join(_PIPELINE_KEYS)}")
     # MadPipe's partition comes with its schedule: partition="madpipe" alone
     # runs 1F1B* (a schedule asked for by name must be that one).
-    schedule = "1f1b*" if pipeline.get("partition") == "madpipe" else "gpipe"
+    # isinstance first: == on an array or tensor value compares element-wise,
+    # and `if` on its result raises numpy's "truth value is ambiguous".
+    partition = pipeline.get("partition")
+    schedule = "1f1b*" if isinstance(partition, str) and partition == "madpipe" else "gpipe"
     out = {"microbatches": 4, "schedule": schedule, "partition": "balance-time",
            "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
            "allow_random": True, "loss_reduction": "auto", **pipeline}
@@ -136,13 +139,13 @@ class CompileOptions:
     #: Plan over the ranks of ``process_group`` (resolved: never None then).
     world: bool = False
     #: The ``pipeline`` keys the user gave (the rest are defaults: Note [A
-    #: model that checkpoints itself] in compile_pipeline.py).
+    #: model that checkpoints itself] in compile/pipeline_step.py).
     pipeline_given: tuple[str, ...] = ()
 
     @property
     def whole_step(self) -> bool:
         """Whether the training step is joined into one graph and planned per
-        batch size at its first call (compile_pipeline.py): with ``pipeline``
+        batch size at its first call (compile/pipeline_step.py): with ``pipeline``
         or ``strategy="auto"``."""
         return self.pipeline is not None or self.strategy == "auto"
 
@@ -234,7 +237,7 @@ def _not_yet(key: str, value: Any, issue: str) -> ConfigError:
 
 def _check_cuda(device_map: Any) -> None:
     """ConfigError unless the Executor's CUDA devices exist here."""
-    from . import _C
+    from .. import _C
     why = None
     if not _C.cuda_devices_built():
         why = "this build of modelpar has no CUDA devices (built without CUDA)"
@@ -339,7 +342,7 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
         raise ConfigError("modelpar options: peer_timeout is for runs over a process group; give "
                           "devices='world' (or a process_group), or leave peer_timeout unset")
     if world:
-        from .distributed import group_of
+        from ..distributed.groups import group_of
         process_group = group_of(process_group)
         import torch.distributed as dist
         size = dist.get_world_size(process_group)

@@ -34,10 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ._C import Graph, graph_input_roles, graph_nodes
-from .errors import ConfigError
-from .options import CompileOptions
-from .planning import CapturedPlacement, plan_graph
+from .._C import Graph, graph_input_roles, graph_nodes
+from ..errors import ConfigError
+from ..planning.options import CompileOptions
+from ..planning.placement import CapturedPlacement, plan_graph
 from .step_trace import StepTrace, forget_step_traces, step_trace_for
 
 __all__ = ["Plan", "GraphRecord", "plans", "clear_plans"]
@@ -78,7 +78,7 @@ class Plan:
     #: The PlacementPlan of the joint forward + backward graph (planned
     #: training graphs; None otherwise). Its step is the simulated step.
     joint: Any = None
-    #: How the two graphs were joined (``modelpar.plan_joint``'s ``saved``,
+    #: How the two graphs were joined (``modelpar.planning.placement.plan_joint``'s ``saved``,
     #: ``tangents`` and ``gradients``), to plan them again (bench/).
     joint_links: dict[str, list] | None = None
     #: With the ``pipeline`` option: the PipelinePlan of the last batch size
@@ -161,7 +161,7 @@ class Plan:
         """Called by the compiled graph after each executor run: a forward
         waits for its backward; a backward or inference run completes a step
         (its time is recorded and, with ``trace``, the traces written: Note
-        [One trace for the pieces of a step] in step_trace.py)."""
+        [One trace for the pieces of a step] in compile/step_trace.py)."""
         trace = self._step_trace() if self.options.trace else None
         if trace is not None:
             trace.add(self.name, kind, executor, start_ns)
@@ -365,7 +365,7 @@ class Plan:
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"{k}={g.runs_on}" for k, g in self.graphs.items())
-        return f"<modelpar.Plan {self.index} {self.function}: {kinds}>"
+        return f"<modelpar.compile.records.Plan {self.index} {self.function}: {kinds}>"
 
 
 _lock = threading.Lock()

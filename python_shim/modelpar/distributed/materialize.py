@@ -34,7 +34,6 @@ Example (``torchrun --nproc-per-node 2 train.py``)::
 
 from __future__ import annotations
 
-import mmap
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,41 +42,11 @@ from typing import Any
 
 import torch
 
-from . import distributed
-from .errors import ConfigError
+from ..errors import ConfigError
+from . import homes
+from .untouched import untouched_like
 
-__all__ = ["Materialized", "materialize", "materialize_all", "untouched_like", "default_init"]
-
-# Note [Untouched memory]: a tensor's CPU memory that nobody writes costs
-# address space, not memory: the kernel maps a page only when it is first
-# touched. torch.empty gets memory from malloc, which may hand back pages
-# freed a moment ago (already resident), so tensors of at least _MMAP_MIN
-# bytes get an anonymous mapping of their own instead; it is unmapped when
-# the tensor's storage dies. Smaller ones come from torch.empty: their pages
-# are few and shared with other small allocations anyway.
-_MMAP_MIN = 64 * 1024
-
-
-def _storage_bytes(size: torch.Size, stride: tuple[int, ...], itemsize: int) -> int:
-    if any(s == 0 for s in size):
-        return 0
-    return (1 + sum((s - 1) * st for s, st in zip(size, stride))) * itemsize
-
-
-def untouched_like(t: torch.Tensor, device: torch.device | str | None = None) -> torch.Tensor:
-    """A tensor of ``t``'s shape, strides and dtype on ``device`` (default:
-    ``t``'s, or cpu for a meta tensor) whose memory has never been written
-    (Note [Untouched memory]). Its values are unspecified (zeros, on CPU)."""
-    device = torch.device(device if device is not None else
-                          ("cpu" if t.device.type == "meta" else t.device))
-    size, stride = t.size(), t.stride()
-    nbytes = _storage_bytes(size, stride, t.element_size())
-    if device.type != "cpu" or nbytes < _MMAP_MIN:
-        return torch.empty_strided(size, stride, dtype=t.dtype, device=device)
-    buf = mmap.mmap(-1, nbytes)  # the tensor keeps the mapping alive
-    flat = torch.frombuffer(buf, dtype=t.dtype)
-    return flat.as_strided(size, stride)
-
+__all__ = ["Materialized", "materialize", "materialize_all", "default_init"]
 
 def default_init(name: str, module: torch.nn.Module) -> None:
     """Calls ``module.reset_parameters()`` (or ``_reset_parameters()``, as
@@ -166,7 +135,7 @@ def _back_to_meta(model: torch.nn.Module, origin: dict[int, torch.Tensor]) -> No
 # Note [Planning without running]: the plan says which rank reads which
 # parameter, and the plan comes from compiling the step, which torch.compile
 # does at its first call. materialize() makes that call with
-# distributed.plan_only set: everything compiles and plans as usual (every
+# homes.plan_only set: everything compiles and plans as usual (every
 # rank takes part in the plan check), and the first RankExecutor.run notes
 # its inputs and raises _Planned instead of running. Dynamo keeps the
 # compiled code, so the next call (same shapes) runs it without tracing
@@ -174,19 +143,19 @@ def _back_to_meta(model: torch.nn.Module, origin: dict[int, torch.Tensor]) -> No
 
 @contextmanager
 def _plan_only() -> Iterator[None]:
-    old = distributed.plan_only
-    distributed.plan_only = True
+    old = homes.plan_only
+    homes.plan_only = True
     try:
         yield
     finally:
-        distributed.plan_only = old
+        homes.plan_only = old
 
 
 def _plan(step: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     with _plan_only():
         try:
             step(*args, **kwargs)
-        except distributed.Planned:
+        except homes.Planned:
             return
     raise ConfigError(
         "modelpar.materialize: calling the step ran it without a rank executor, so nothing says "
@@ -261,7 +230,7 @@ def materialize(model: torch.nn.Module, step: Callable[..., Any], *args: Any,
     except BaseException:
         _back_to_meta(model, origin)
         raise
-    owns = distributed.read_here
+    owns = homes.read_here
     _initialise(model, init or default_init, origin, owns)
     unique = {id(t): (n, t) for n, t in [*model.named_parameters(), *model.named_buffers()]
               if id(t) in origin}.values()
@@ -285,7 +254,7 @@ def materialize_all(model: torch.nn.Module,
         ConfigError: as materialize (before anything is allocated).
     """
     if not any(True for _ in _meta_tensors(model)):
-        raise ConfigError("modelpar.materialize_all: no parameter or buffer of the model is on "
+        raise ConfigError("modelpar.distributed.materialize.materialize_all: no parameter or buffer of the model is on "
                           "the meta device")
     _check_init(model, init)
     origin = _allocate(model)

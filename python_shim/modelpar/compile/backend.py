@@ -4,10 +4,10 @@ Dynamo hands the backend one FX graph per piece of the user's code (a graph
 break starts a new piece; new input shapes that fail Dynamo's guards compile
 a new one). For each, the backend:
 
-1. validates ``options`` / ``mode`` (options.py) before any tracing;
+1. validates ``options`` / ``mode`` (planning/options.py) before any tracing;
 2. runs AOTAutograd, which functionalises the graph and yields ATen-level
    forward and backward graphs (or one inference graph under no_grad);
-3. converts each to an ``ir::Graph`` (fx_import.py) and binds it to the C++
+3. converts each to an ``ir::Graph`` (compile/fx_import.py) and binds it to the C++
    interpreter (``_C.CompiledGraph``, every operator resolved now), which
    AOTAutograd then calls directly: no FX interpreter, no Python per op;
    With ``options={"devices": N}`` (N >= 2; or ``memory``, ``trace``, a
@@ -16,7 +16,7 @@ a new one). For each, the backend:
    multi-device Executor, built once per graph; an inference graph is
    planned alone. Each step's wall time is recorded in the plan, and with
    ``trace`` the measured and simulated Chrome traces are written;
-4. records a ``Plan`` (plan.py) and, with ``dump_dir`` /
+4. records a ``Plan`` (compile/records.py) and, with ``dump_dir`` /
    ``MODELPAR_DUMP_DIR``, writes the IR text.
 
 A graph the runtime cannot run (a higher-order op, an opaque callable, an
@@ -47,21 +47,21 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import _C
-from .cpu_profile import machine_for_options
-from .errors import InvalidIrError, UnsupportedOpError
-from .fx_import import (GraphKind, InputRole, UnsupportedGraph, batch_symbol_aliases,
-                         import_graph, saved_rng_states, source_name, symbol_sizes)
-from .ir import parse_graph
-from .options import CompileOptions, resolve_options
-from .plan import GraphRecord, Plan, new_plan
+from .. import _C
+from ..profiles.cpu import machine_for_options
+from ..errors import InvalidIrError, UnsupportedOpError
+from .fx_import import (GraphKind, InputRole, UnsupportedGraph, batch_symbol_aliases, import_graph,
+                        saved_rng_states, source_name, symbol_sizes)
+from ..ir.text import parse_graph
+from ..planning.options import CompileOptions, resolve_options
+from .graph_breaks import last_graph_break, warn_once
+from .records import GraphRecord, Plan, new_plan
 
 __all__ = ["modelpar_backend"]
 
-_warned: set[str] = set()
 # Over a process group: the training forward's layer -> device map of each
 # user function, which its inference graphs keep (Note [One home per
-# parameter] in distributed.py).
+# parameter] in distributed/rank_executor.py).
 _world_layers: dict[tuple[str, str, int], dict[str, int]] = {}
 
 
@@ -84,8 +84,8 @@ def modelpar_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], *,
         _retrace_with_a_symbolic_batch(gm, example_inputs, roles)
     plan = new_plan(*_user_code(gm), opts)
     capture = _Capture(plan, opts, roles)
-    if opts.world:  # one device per rank (distributed.py)
-        from .distributed import check_backend
+    if opts.world:  # one device per rank (distributed/rank_executor.py)
+        from ..distributed.groups import check_backend
         capture.rank_device = check_backend(opts.process_group, example_inputs)
     partitioner = (min_cut_rematerialization_partition if opts.partitioner == "min_cut"
                    else default_partition)
@@ -188,7 +188,7 @@ def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
     inside the compiled function); None when there is none, or several.
     Other tangents (the logits a transformers model returns beside its loss)
     are those of outputs only the loss's backward is run from (Note [Only
-    the loss has a gradient] in compile_pipeline.py)."""
+    the loss has a gradient] in compile/pipeline_step.py)."""
     tangents = [n for n in bw_module.graph.nodes
                 if n.op == "placeholder" and n.name.startswith("tangents_")]
     scalars = [(i, n.name) for i, n in enumerate(tangents)
@@ -212,7 +212,7 @@ def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
 # loss, for which the search has only GPipe pipelines to try (no candidate
 # fitted such a piece before).
 # A graph that does not return the loss runs fill-drain (GPipe) where 1F1B
-# was asked for (compile_pipeline.py), with a warning saying how to compile
+# was asked for (compile/pipeline_step.py), with a warning saying how to compile
 # the loss in: AOTAutograd starts its backward only after the whole forward
 # (and, for a piece, after the pieces after it). Dynamo itself only says
 # which frames it traced, and after a break it traces the frames the rest
@@ -393,7 +393,7 @@ def _scalar_outputs(gm: torch.fx.GraphModule, output_map: Sequence[int]) -> list
 
 
 class _RankStep(_MultiDevice):
-    """A graph bound to this rank's RankExecutor (distributed.py). Outputs
+    """A graph bound to this rank's RankExecutor (distributed/rank_executor.py). Outputs
     that live on another rank come back as None; in a forward
     (``placeholders``) they become 0-element tensors, since AOTAutograd saves
     them for the backward, which only reads the ones on its own rank."""
@@ -441,7 +441,7 @@ class _Capture:
         self.rank_device = "cpu"  # world: where this rank's tensors live
         self.num_fwd_outputs: int | None = None  # planned: the forward's user-visible outputs
         # pipeline: size symbols written as the batch's, and the placeholder
-        # indices of the batched inputs (Note [One batch symbol] in fx_import.py)
+        # indices of the batched inputs (Note [One batch symbol] in compile/fx_import.py)
         self.symbol_aliases: dict[Any, Any] = {}
         self.batched_inputs: list[int] = []
         # pipeline: why the graph is placed instead of pipelined, if it is
@@ -518,15 +518,15 @@ class _Capture:
         """Plans the forward and backward graphs as one, from the
         partitioner (Note [Forward and backward placed as one]); with
         ``pipeline``, joins them for the pipeline passes instead
-        (compile_pipeline.py), which plan per batch size at the first call.
+        (compile/pipeline_step.py), which plan per batch size at the first call.
 
         Raises:
             PlanDoesNotFitError: the step does not fit ``memory``.
             ConfigError: a bad option (pipeline: 1F1B with the loss outside,
                 a static batch dimension).
         """
-        from .distributed import homes_of
-        from .planning import plan_joint
+        from ..distributed.homes import homes_of
+        from ..planning.placement import plan_joint
         name = self.plan.name
         self.num_fwd_outputs = num_fwd_outputs
         try:
@@ -579,7 +579,7 @@ class _Capture:
         if len(bw.output_map) == len(fw_inputs):
             gradients = [(o, k) for k, o in enumerate(bw.output_map) if o >= 0]
         if pipeline:
-            from .compile_pipeline import PipelineStep
+            from .pipeline_step import PipelineStep
             step = PipelineStep(self.opts, self.plan, name)
             step.rank_device = self.rank_device
             loss = _loss_tangent(bw_module)
@@ -599,7 +599,7 @@ class _Capture:
             dump_dir=self.opts.dump_dir or "",
             # Costs and memory at this call's sizes, not at 1 per symbol.
             symbol_sizes=symbol_sizes(fw_module, bw_module),
-            # Note [One home per parameter] (distributed.py): a training step
+            # Note [One home per parameter] (distributed/homes.py): a training step
             # compiled again (Dynamo's recompile at a new batch size, with a
             # dynamic batch) keeps the layers of the function's earlier ones
             # and binds each parameter on the rank whose optimizer owns it
@@ -638,22 +638,19 @@ class _Capture:
             return None
         plan = self.plan
         key = f"unpipelined {plan.name}"
-        if key not in _warned:
-            _warned.add(key)
-            from .compile_pipeline import _last_graph_break
-            piece = (f"the piece of {plan.function} after the graph break at line "
-                     f"{plan.resumed_at}" if plan.resumed_at is not None
-                     else f"a graph of {plan.function}")
-            searched = ("" if self.opts.pipeline is not None else
-                        " (strategy='auto' searches only GPipe pipelines for a graph that does "
-                        "not return the loss)")
-            warnings.warn(
-                f"modelpar pipeline: {piece} ({plan.filename}:{plan.line}, @{graph.name}) is "
-                f"placed by m-ETF on the {devices} devices instead of pipelined{searched}: "
-                f"{reason}"
-                + _last_graph_break()
-                + " (Note [A graph the pipeline cannot cut]; modelpar.plans() shows each graph)",
-                stacklevel=2)
+        piece = (f"the piece of {plan.function} after the graph break at line "
+                 f"{plan.resumed_at}" if plan.resumed_at is not None
+                 else f"a graph of {plan.function}")
+        searched = ("" if self.opts.pipeline is not None else
+                    " (strategy='auto' searches only GPipe pipelines for a graph that does "
+                    "not return the loss)")
+        warn_once(
+            key, f"modelpar pipeline: {piece} ({plan.filename}:{plan.line}, @{graph.name}) is "
+            f"placed by m-ETF on the {devices} devices instead of pipelined{searched}: "
+            f"{reason}"
+            + last_graph_break()
+            + " (Note [A graph the pipeline cannot cut]; modelpar.plans() shows each graph)",
+            stacklevel=2)
         plan.unpipelined = reason
         return reason
 
@@ -667,7 +664,7 @@ class _Capture:
             UnsupportedOpError: a training graph the partitioner could not
                 import (it then has no PipelineStep), so it falls back.
         """
-        from .compile_pipeline import PipelineStep
+        from .pipeline_step import PipelineStep
         if kind is GraphKind.INFERENCE:
             step = PipelineStep(self.opts, self.plan, self.plan.name)
             step.rank_device = self.rank_device
@@ -710,15 +707,15 @@ class _Capture:
         node) is passed as ``pinned_layers`` when the backward is planned
         (PlanOptions::pinned_layers). Inference graphs are planned alone.
         """
-        from .executor import Executor
-        from .planning import plan_graph
+        from ..runtime.executor import Executor
+        from ..planning.placement import plan_graph
         joint = self.joint if kind is not GraphKind.INFERENCE else None
         if joint is not None and joint.texts.get(kind.value) == imported.text:
             placement = joint.plans[kind.value]
         else:
             pinned = self.layer_device if kind is GraphKind.BACKWARD else None
             if self.opts.world and kind is GraphKind.INFERENCE:
-                # Note [One home per parameter] (distributed.py): an inference
+                # Note [One home per parameter] (distributed/homes.py): an inference
                 # graph keeps the training step's layer -> device map.
                 pinned = _world_layers.get(self.plan_key()) or None
             placement = plan_graph(graph, devices=self.opts.devices,
@@ -731,7 +728,7 @@ class _Capture:
         if self.opts.world and kind is GraphKind.FORWARD:
             _world_layers.setdefault(self.plan_key(), {}).update(placement.layer_devices)
         if self.opts.world:
-            from .distributed import keep_homes
+            from ..distributed.homes import keep_homes
             if kind is not GraphKind.BACKWARD:
                 placement = keep_homes(placement, self.plan_key(),
                                        training=kind is GraphKind.FORWARD)
@@ -757,7 +754,7 @@ class _Capture:
 
     def on_ranks(self, program: Any, kind: GraphKind, imported: Any,
                  scalars: Sequence[int] = ()) -> Any:
-        """``program`` bound to this rank's RankExecutor (distributed.py),
+        """``program`` bound to this rank's RankExecutor (distributed/rank_executor.py),
         after every rank has checked it planned the same program. Every
         rank gets the forward's user-visible outputs (the loss), which their
         holder broadcasts, and its scalar outputs (``scalars``, IR output
@@ -769,7 +766,8 @@ class _Capture:
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, check_same_plan
+        from ..distributed.rank_executor import RankExecutor
+        from ..distributed.plan_check import check_same_plan
         check_same_plan(str(program), self.opts.process_group,
                         f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
         if kind is GraphKind.BACKWARD:
@@ -804,11 +802,9 @@ class _Capture:
         if self.opts.strict:
             raise UnsupportedOpError(f"modelpar strict: {where} cannot run on the modelpar "
                                      f"runtime: {detail}") from error
-        if what not in _warned:
-            _warned.add(what)
-            warnings.warn(f"modelpar: {detail}; {where} runs eagerly instead of on the modelpar "
-                          "runtime (this warning is shown once; options={'strict': True} makes "
-                          "it an error)", stacklevel=2)
+        warn_once(what, f"modelpar: {detail}; {where} runs eagerly instead of on the modelpar "
+                      "runtime (this warning is shown once; options={'strict': True} makes "
+                      "it an error)", stacklevel=2)
         self.record(GraphRecord(kind.value, graph, "eager", reason=detail))
         if self.opts.dump_dir and graph is None:  # no IR: dump the FX graph that runs instead
             out = Path(self.opts.dump_dir)

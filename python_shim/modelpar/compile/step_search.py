@@ -58,11 +58,11 @@ one keeps its pipelines of several micro-batches refused.
 
 Over a process group (``devices="world"``), rank 0 times the nodes and
 measures the cores, and every rank searches with its numbers (Note
-[Measured once, planned everywhere] in first_rank.py), so every rank picks
+[Measured once, planned everywhere] in distributed/first_rank.py), so every rank picks
 the same plan; the ranks are costed as CPU workers of this machine (threads
 sharing its cores, transfers at the profile's in-process cost), and the
 one-device plan is not a candidate (the other ranks would idle). Under
-``materialize`` (Note [Planning without running] in materialize.py) the
+``materialize`` (Note [Planning without running] in distributed/materialize.py) the
 parameters are not initialised yet: nothing is timed, and the search ranks
 the candidates on the machine profile alone.
 """
@@ -81,8 +81,8 @@ from typing import Any
 
 import torch
 
-from . import _C
-from .errors import ExecutionError
+from .. import _C
+from ..errors import ExecutionError
 
 __all__ = ["search_step"]
 
@@ -98,20 +98,20 @@ def search_step(graph: Any, opts: Any, options: Mapping[str, Any], split: bool, 
     Raises:
         PlanDoesNotFitError: no candidate fits (each one's reason listed).
     """
-    from . import distributed
-    from .cpu_profile import measures_nodes
-    from .strategy import search_strategy
+    from ..distributed import homes
+    from ..profiles.cpu import measures_nodes
+    from ..planning.strategy import search_strategy
     with contextlib.ExitStack() as stack:
         if values is not None and measures_nodes(opts.executor_device_map) \
-                and not distributed.plan_only:
+                and not homes.plan_only:
             counts = _microbatch_counts(opts.devices, batch)
             step_us = json.loads(Path(machine).read_text()).get("step_overhead_us", 0.0) \
                 if machine is not None else 0.0
 
             def measure() -> tuple[list[float], float, dict[int, float], float]:
                 return _measured(graph, batch, values, opts.devices, counts, step_us)
-            if opts.world:  # Note [Measured once, planned everywhere] in first_rank.py
-                from .first_rank import from_first_rank, measure_wait_s
+            if opts.world:  # Note [Measured once, planned everywhere] in distributed/first_rank.py
+                from ..distributed.first_rank import from_first_rank, measure_wait_s
                 times, fixed_us, launch, cores = from_first_rank(
                     measure, opts.process_group, f"the step's node times at batch {batch}",
                     measure_wait_s(opts.peer_timeout))
@@ -147,13 +147,13 @@ def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
 
     That cost is measured on the step itself: it runs at batch B and B/m
     (W(B), W(B/m): the fastest of their one-worker runs, timed in turns,
-    Note [Timing in rounds] in device_calibration.py; each with the fixed
+    Note [Timing in rounds] in profiles/calibration.py; each with the fixed
     step cost F, ``step_us``)
     and every one of its N nodes is taken to cost c + b * s_n, so
     m (W(B/m) - F) - (W(B) - F) = (m - 1) N c; at least the executor's time
     between ops (profile_graph_times). c at m = 2 becomes the machine's per-op
     overhead."""
-    from .planning import example_inputs, profile_graph_times
+    from ..planning.placement import example_inputs, profile_graph_times
     specs = _C.graph_input_specs(graph)
     symbols = {d for s in specs if s["kind"] == "tensor" for d in s["shape"][:1]
                if isinstance(d, str)}
@@ -208,8 +208,8 @@ class _OneWorker:
     once here: the warm-up; raises ExecutionError when the step cannot run)."""
 
     def __init__(self, graph: Any, inputs: list[Any]) -> None:
-        from .executor import Executor
-        from .planning import InputRewind, plan_graph
+        from ..runtime.executor import Executor
+        from ..planning.placement import InputRewind, plan_graph
         program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
         self.executor = Executor(program, device_map="cpu-workers", threads_per_device=1)
         self.inputs = inputs
@@ -237,10 +237,10 @@ class _OneWorker:
 def _fastest_in_rounds(steps: Mapping[int, _OneWorker], rounds: int = 3,
                        budget_us: float = 20_000) -> dict[int, float]:
     """The fastest run of each step over ``rounds`` rounds taking them in
-    turn (Note [Timing in rounds] in device_calibration.py), each step at
+    turn (Note [Timing in rounds] in profiles/calibration.py), each step at
     least 3 runs (at most 50) a round or as many as fill ``budget_us`` over
     the rounds."""
-    from .device_calibration import fastest_in_rounds
+    from ..profiles.calibration import fastest_in_rounds
     return fastest_in_rounds({k: functools.partial(step.fastest, step.runs_in(budget_us / rounds))
                               for k, step in steps.items()}, rounds)
 
@@ -284,15 +284,15 @@ def _host_cores(graph: Any, inputs: list[Any], devices: int, trials: int = 10) -
     of 20 ms spread 1.5-1.7). Other load on the machine (or fewer cores
     than workers) shows as fewer cores."""
     import threading
-    from .executor import Executor
-    from .planning import plan_graph
+    from ..runtime.executor import Executor
+    from ..planning.placement import plan_graph
     program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
     exs = [Executor(program, device_map="cpu-workers", threads_per_device=1)
            for _ in range(devices)]
-    from .planning import InputRewind
+    from ..planning.placement import InputRewind
     args = [[v.clone() if isinstance(v, torch.Tensor) else v for v in inputs]
             for _ in range(devices)]
-    # Note [Timing a step that writes its inputs] in planning.py
+    # Note [Timing a step that writes its inputs] in planning/placement.py
     rewinds = [InputRewind(graph, a) for a in args]
     for ex, a, r in zip(exs, args, rewinds):
         ex.run(list(a))

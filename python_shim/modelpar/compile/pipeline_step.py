@@ -36,7 +36,7 @@ forward only.
 The batch dimension must be symbolic. Users need not say so: with a static
 batch the backend asks Dynamo to trace again with dim 0 of the batched
 inputs dynamic (Note [A static batch under the pipeline option] in
-compile_backend.py).
+compile/backend.py).
 
 Constant tensors the graphs read (lifted attributes, ``_tensor_constant*``)
 are bound by name on every call, as on one device.
@@ -57,10 +57,11 @@ from typing import Any
 import torch
 import torch.fx
 
-from . import _C
-from .cpu_profile import machine_for_options
-from .errors import ConfigError, ExecutionError
-from .options import CompileOptions, pipeline_options
+from .. import _C
+from ..profiles.cpu import machine_for_options
+from ..errors import ConfigError, ExecutionError
+from ..planning.options import CompileOptions, pipeline_options
+from .graph_breaks import last_graph_break, warn_once
 
 __all__ = ["PipelineStep", "MAX_BATCH_SIZES"]
 
@@ -121,7 +122,7 @@ class PipelineStep:
 
     def __init__(self, opts: CompileOptions, plan_record: Any, name: str) -> None:
         self.opts = opts
-        # Note [The searched step keeps the model's math] (step_search.py):
+        # Note [The searched step keeps the model's math] (compile/step_search.py):
         # strategy="auto" never defers batch norm; only the pipeline option does.
         self.options = pipeline_options(opts.pipeline if opts.pipeline is not None
                                         else {"batch_norm": "refuse"})
@@ -144,7 +145,7 @@ class PipelineStep:
         self.loss_tangent_index = 0  # step: the loss's among the tangents (the rest are zero)
         self.graph_kind = "training"
         self.batch_input = -1  # the forward input whose dim 0 is the batch
-        # every forward input split along dim 0 (Note [One batch symbol] in fx_import.py)
+        # every forward input split along dim 0 (Note [One batch symbol] in compile/fx_import.py)
         self.batched_inputs: list[int] = []
         self.constants: dict[str, torch.Tensor] = {}  # joint graph input name -> lifted constant
         self.rank_device = "cpu"  # world: where this rank's tensors live
@@ -164,7 +165,7 @@ class PipelineStep:
         gradient]), else split.
 
         Split mode under 1F1B runs fill-drain, with a warning (Note [A
-        graph the pipeline cannot cut] in compile_backend.py).
+        graph the pipeline cannot cut] in compile/backend.py).
 
         Raises:
             ConfigError: a batch dimension that is not symbolic.
@@ -183,22 +184,20 @@ class PipelineStep:
                      else "split")
         self.loss_tangent_index = loss_tangent[0] if self.mode == "step" and loss_tangent else 0
         if self.mode == "split" and self.options["schedule"] != "gpipe":
-            # Note [A graph the pipeline cannot cut] (compile_backend.py).
-            from .compile_backend import _warned
+            # Note [A graph the pipeline cannot cut] (compile/backend.py).
             rec = self.record
-            if f"fill-drain {rec.name}" not in _warned:
-                _warned.add(f"fill-drain {rec.name}")
-                warnings.warn(
-                    f"modelpar pipeline: {rec.function} ({rec.filename}:{rec.line}, plan "
-                    f"{rec.index}) runs fill-drain ('gpipe') instead of "
-                    f"{self.options['schedule']!r}: 1F1B interleaves forward and backward "
-                    "micro-batches, but this captured graph does not return the loss (it is "
-                    "computed outside the compiled function, or in another graph after a graph "
-                    "break, e.g. at a data-dependent op: modelpar.plans() lists the graphs), so "
-                    "AOTAutograd runs the backward only after the whole forward. For 1F1B, "
-                    "compile a function that returns the loss, e.g. "
-                    "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
-                    "before the loss" + _last_graph_break(), stacklevel=2)
+            warn_once(
+                f"fill-drain {rec.name}",
+                f"modelpar pipeline: {rec.function} ({rec.filename}:{rec.line}, plan "
+                f"{rec.index}) runs fill-drain ('gpipe') instead of "
+                f"{self.options['schedule']!r}: 1F1B interleaves forward and backward "
+                "micro-batches, but this captured graph does not return the loss (it is "
+                "computed outside the compiled function, or in another graph after a graph "
+                "break, e.g. at a data-dependent op: modelpar.plans() lists the graphs), so "
+                "AOTAutograd runs the backward only after the whole forward. For 1F1B, "
+                "compile a function that returns the loss, e.g. "
+                "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
+                "before the loss" + last_graph_break(), stacklevel=2)
             self.options = {**self.options, "schedule": "gpipe",
                             "partition": ("balance-time" if self.options["partition"] == "madpipe"
                                           else self.options["partition"])}
@@ -259,12 +258,12 @@ class PipelineStep:
         """The pipelined step at this batch size (planned once, cached; the
         least recently used of more than MAX_BATCH_SIZES is dropped).
         ``values``: the call's inputs by name, which strategy="auto" times
-        the step's nodes on (Note [The searched step] in step_search.py)."""
+        the step's nodes on (Note [The searched step] in compile/step_search.py)."""
         if batch in self.built:
             self.built.move_to_end(batch)
             return self.built[batch]
-        from .executor import Executor
-        from .pipeline_passes import plan_pipeline
+        from ..runtime.executor import Executor
+        from ..planning.pipeline import plan_pipeline
         o = self.options
         start = time.perf_counter()
         machine = machine_for_options(self.opts)
@@ -294,14 +293,14 @@ class PipelineStep:
                                  allow_random=o["allow_random"], batch_norm=o["batch_norm"],
                                  trace=_simulated_trace(self.opts))
         if self.opts.world:
-            # Note [One home per parameter] (distributed.py): a parameter
+            # Note [One home per parameter] (distributed/homes.py): a parameter
             # keeps the rank of the first training plan; a graph that does
             # not train, or a training step planned for another batch size
             # (strategy="auto" may choose another plan there), binds it there
             # and sends it to where it is read, and on_ranks sends its
             # gradient back there. The plan's placement says so, so the two
             # phases split from it below bind it there too.
-            from .distributed import keep_homes
+            from ..distributed.homes import keep_homes
             plan = keep_homes(plan, (self.record.filename, self.record.function, self.record.line),
                               training=self.graph_kind == "training", gradients_go_home=True)
         if self.mode == "split":
@@ -327,7 +326,7 @@ class PipelineStep:
             self.record.search_batches.pop(dropped, None)
             self.record.pipeline_evictions += 1
         # A searched plan is a pipeline or a placement of the whole step
-        # (Note [The searched step] in step_search.py); plans()[-1] reports it.
+        # (Note [The searched step] in compile/step_search.py); plans()[-1] reports it.
         pipelined = search is None or search.pipeline is not None
         self.record.pipeline = plan if pipelined else None
         self.record.joint = None if pipelined else plan
@@ -344,21 +343,22 @@ class PipelineStep:
     def _search(self, batch: int, machine: str | None,
                 values: Mapping[str, Any] | None) -> Any:
         """The strategy search at this batch size (strategy="auto"; Note
-        [The searched step] in step_search.py)."""
+        [The searched step] in compile/step_search.py)."""
         from .step_search import search_step
         return search_step(self.graph, self.opts, self.options, self.mode == "split", batch,
                            machine, values, self.record)
 
     def on_ranks(self, program: Any, k: int, batch: int) -> Any:
         """Program ``k`` of the step bound to this rank's RankExecutor
-        (distributed.py): stage s runs on rank s. Every rank gets the user's
+        (distributed/rank_executor.py): stage s runs on rank s. Every rank gets the user's
         outputs (the loss), which their holder broadcasts; gradients and
         carried values stay on the rank that made them (None elsewhere).
 
         Raises:
             ConfigError: the ranks planned differently.
         """
-        from .distributed import RankExecutor, check_same_plan
+        from ..distributed.rank_executor import RankExecutor
+        from ..distributed.plan_check import check_same_plan
         check_same_plan(str(program), self.opts.process_group,
                         f"the pipelined step of {self.name} at batch {batch}",
                         self.opts.peer_timeout)
@@ -369,7 +369,7 @@ class PipelineStep:
         # data input goes to every rank, as the user's outputs do: it is the
         # tangent of the graph before a graph break, whose ranks bind it
         # where that graph made the value (Note [Input gradients over ranks]
-        # in compile_backend.py).
+        # in compile/backend.py).
         first = self.built_programs[0] if k else program
         device_of = dict(zip(first.graph.input_names, _C.input_devices(first)))
         role_of = dict(zip(first.graph.input_names, _C.graph_input_roles(first.graph)))
@@ -390,7 +390,7 @@ class PipelineStep:
 
         Raises:
             ConfigError: the batched inputs differ in size along dim 0
-                (Note [One batch symbol] in fx_import.py).
+                (Note [One batch symbol] in compile/fx_import.py).
         """
         if self.batch_input < 0:
             return STATIC_BATCH  # Note [A static batch under strategy="auto"]
@@ -468,24 +468,6 @@ class PipelineStep:
         return run
 
 
-def _last_graph_break() -> str:
-    """The reason (and Dynamo's hint) of the last graph break Dynamo has
-    recorded in this process, for an error about a loss a graph break split
-    off; "" when there is none. (transformers' GPT-2 given labels breaks at
-    a logger.warning_once before its loss, which the hint removes.)"""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:
-        return ""
-    reasons = list(counters.get("graph_break", {}))
-    if not reasons:
-        return ""
-    lines = [line.strip() for line in str(reasons[-1]).splitlines() if line.strip()]
-    hint = next((line for line in lines if line.startswith("Hint:")), "")
-    return (f". The last graph break Dynamo recorded in this process: {lines[0]}"
-            + (f" ({hint})" if hint else ""))
-
-
 # Note [Only the loss has a gradient]
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # A transformers model given labels returns its loss and its logits; with
@@ -533,7 +515,7 @@ def _run(built: _Built, k: int, values: Mapping[str, Any]) -> dict[str, Any]:
 # Under the pipeline option that is an error (the user asked for
 # micro-batches); under strategy="auto" the search goes on without them: the
 # graph is planned once, under the batch key STATIC_BATCH, where the search
-# (step_search.py) meets a batch of 1 (no micro-batch sizes to time, no
+# (compile/step_search.py) meets a batch of 1 (no micro-batch sizes to time, no
 # micro-batch counts but 1) and so ranks the one-device plan and the
 # placements (its pipelines fail, saying why: plans() lists them). With the
 # loss outside the compiled function only pipelines can split the step at its
@@ -575,7 +557,7 @@ def _simulated_trace(opts: CompileOptions) -> str | None:
     """Where the plan's simulated trace goes, beside the ``trace`` option's
     file (``step.json`` -> ``step.simulated.json``), its folder made: None
     without the option, and on every rank but 0 of a process group (the plan
-    is the same on every rank; plan.py writes it on rank 0 likewise)."""
+    is the same on every rank; compile/records.py writes it on rank 0 likewise)."""
     if opts.trace is None:
         return None
     if opts.world:

@@ -2,12 +2,12 @@
 
 Note [Measured once, planned everywhere]: every rank of a group plans the
 same step and must arrive at the same plan (check_same_plan in
-distributed.py refuses one that differs). Planning is deterministic given
+distributed/rank_executor.py refuses one that differs). Planning is deterministic given
 its inputs, but two of those inputs are measured on the machine: the CPU or
 GPU profile the costs come from (calibrated at the first use and cached on
 disk, where two ranks calibrating at once, or two machines with other CPUs,
 get different numbers) and, under ``strategy="auto"``, the time of every
-node of the step (step_search.py). Measured on each rank, they differ in the
+node of the step (compile/step_search.py). Measured on each rank, they differ in the
 last digits and so do the plans. So the first rank of the group measures,
 and broadcasts what it measured (a picklable object: a profile's text, the
 nodes' times); every other rank waits for it and plans with the same
@@ -26,8 +26,8 @@ from typing import Any, TypeVar
 
 import torch
 
-from . import errors
-from .errors import ExecutionError
+from .. import errors
+from ..errors import ExecutionError
 
 __all__ = ["from_first_rank", "machine_on_ranks", "measure_wait_s"]
 
@@ -64,7 +64,7 @@ def from_first_rank(make: Callable[[], T], group: Any, what: str, timeout_s: flo
     """
     import torch.distributed as dist
 
-    from .distributed import _wait, outside_tracing, wire_device
+    from .groups import wait_for, outside_tracing, wire_device
     with outside_tracing():  # Note [Collectives outside the tracer's dispatch]
         first = dist.get_rank(group) == 0
         failure: BaseException | None = None
@@ -79,11 +79,11 @@ def from_first_rank(make: Callable[[], T], group: Any, what: str, timeout_s: flo
         src = dist.get_global_rank(group, 0)
         wire = wire_device(group)  # NCCL carries GPU tensors only
         size = torch.tensor([len(payload)], dtype=torch.int64, device=wire)
-        _wait(dist.broadcast(size, src=src, group=group, async_op=True), timeout_s,
+        wait_for(dist.broadcast(size, src=src, group=group, async_op=True), timeout_s,
               f"{what} (rank 0 measures it, then sends it to every rank)")
         data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8).to(wire) if first
                 else torch.empty(int(size.item()), dtype=torch.uint8, device=wire))
-        _wait(dist.broadcast(data, src=src, group=group, async_op=True), timeout_s,
+        wait_for(dist.broadcast(data, src=src, group=group, async_op=True), timeout_s,
               f"{what} (rank 0 sends it to every rank)")
         if failure is not None:
             raise failure
@@ -108,7 +108,7 @@ def machine_on_ranks(make_path: Callable[[], str | None], group: Any,
     (``make_path()``, a profile file or None: passes' default device), which
     the other ranks write to a file named by its hash in modelpar's cache
     directory."""
-    from .cpu_profile import cache_dir
+    from ..profiles.cache import cache_dir
     made: list[str | None] = []
 
     def text() -> str | None:

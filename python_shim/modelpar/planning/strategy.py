@@ -17,9 +17,9 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from . import _C
-from .errors import ConfigError
-from .ir import Graph, load_graph
+from .. import _C
+from ..errors import ConfigError
+from ..ir.text import Graph, load_graph
 from .option_names import STRATEGIES, check_devices, check_one_of
 
 __all__ = ["STRATEGIES", "StrategySearch", "search_strategy"]
@@ -64,8 +64,8 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
         PlanDoesNotFitError: no candidate fits (lists each one's reason).
         ParseError, InvalidIrError, OSError: an unreadable or invalid graph.
     """
-    from .planning import _memory_list, _require_passes
-    _require_passes()
+    from .placement import memory_list, require_passes
+    require_passes()
     if not isinstance(graph, Graph):
         graph = load_graph(graph)
     check_devices("strategy-search", devices)
@@ -81,7 +81,7 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
                               "microseconds >= 0")
     return _C.search_strategy(
         graph, devices, batch_size, None if machine is None else os.fspath(machine),
-        _memory_list(memory), loss_reduction, bool(allow_random), batch_norm, bool(portals),
+        memory_list(memory), loss_reduction, bool(allow_random), batch_norm, bool(portals),
         _names("placer", placers), _names("schedule", schedules),
         _names("partition", partitions), _names("checkpoint", checkpoints), ms,
         bool(one_device), bool(placements), bool(pipelines), bool(prune), float(lp_time_limit_s),

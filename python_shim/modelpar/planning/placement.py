@@ -2,13 +2,13 @@
 ``passes/plan_placement.h`` (cost → coarsen → m-TOPO | m-ETF | m-SCT → lower →
 simulate) on an IR graph; ``Plan.place`` (modelpar/plan.py) does it for the
 graphs a ``torch.compile`` plan holds (``modelpar.plans()[-1].place(devices=4)``).
-This module never imports modelpar/plan.py (plan.py imports it).
+This module never imports modelpar/plan.py (compile/records.py imports it).
 ``plan_joint`` places a training step's forward and backward graphs as one
 (passes/plan_joint.h; what ``torch.compile`` with ``devices`` > 1 runs).
 
 Example::
 
-    g = modelpar.load_graph("examples/ir/mlp_step.txt")
+    g = modelpar.ir.load_graph("examples/ir/mlp_step.txt")
     p = modelpar.plan_graph(g, devices=2, memory="16GiB", placer="m-etf")
     print(p)                      # units per device, step time, speed-up, memory, pass stats
     p.placement                   # {"h": 0, "a": 0, "p": 1, ...}
@@ -27,9 +27,9 @@ from typing import Any, Union
 
 import torch
 
-from . import _C
-from .errors import ConfigError
-from .ir import Graph, load_graph
+from .. import _C
+from ..errors import ConfigError
+from ..ir.text import Graph, load_graph
 
 __all__ = ["PLACERS", "PlacementPlan", "CapturedPlacement", "calibrated_machine", "example_inputs",
            "parse_bytes", "plan_graph", "plan_joint", "profile_graph"]
@@ -46,7 +46,7 @@ PlacementPlan = getattr(_C, "PlacementPlan", None)
 MemoryArg = Union[None, int, str, Sequence[Union[int, str]]]
 
 
-def _require_passes() -> None:
+def require_passes() -> None:
     if PlacementPlan is None:
         raise ConfigError("modelpar plan: this build has no passes/ (MODELPAR_WITH_PASSES=OFF); "
                           "rebuild with it to plan model parallelism")
@@ -66,11 +66,11 @@ def parse_bytes(size: int | str) -> int:
         if size < 0:
             raise ConfigError(f"modelpar: {size} is not a size; sizes are >= 0 bytes")
         return size
-    _require_passes()
+    require_passes()
     return _C.parse_bytes(size)
 
 
-def _memory_list(memory: MemoryArg) -> list[int]:
+def memory_list(memory: MemoryArg) -> list[int]:
     if memory is None:
         return []
     if isinstance(memory, (int, str)):
@@ -96,7 +96,7 @@ def calibrated_machine(kernels: Sequence[tuple[float, float, float]],
         ConfigError: too few samples, or samples from which no bandwidth or
             speed can be inferred.
     """
-    _require_passes()
+    require_passes()
     return _C.calibrated_machine([tuple(map(float, k)) for k in kernels],
                                  [tuple(map(float, t)) for t in transfers], parse_bytes(memory),
                                  name, float(extra_latency_us))
@@ -139,7 +139,7 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
         ParseError, InvalidIrError: the graph text or graph is invalid.
         OSError: the graph file cannot be read.
     """
-    _require_passes()
+    require_passes()
     if not isinstance(graph, Graph):
         graph = load_graph(graph)
     if devices is not None:
@@ -147,7 +147,7 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
     if not isinstance(placer, str):
         raise ConfigError(f"modelpar plan: placer={placer!r} is not valid; placer takes one of "
                           + ", ".join(repr(p) for p in PLACERS))
-    p = _C.plan_graph(graph, devices, _memory_list(memory), placer,
+    p = _C.plan_graph(graph, devices, memory_list(memory), placer,
                       None if machine is None else os.fspath(machine), bool(coarsen),
                       None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
                       [(str(k), int(v)) for k, v in (pinned_layers or {}).items()])
@@ -192,11 +192,11 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
             the layer, the device and the bytes).
         InvalidIrError: a link naming no value, or of mismatched types.
     """
-    _require_passes()
+    require_passes()
     if devices is not None:
         check_devices("plan", devices)
     return _C.plan_joint(forward, backward, [(str(b), str(f)) for b, f in saved],
-                         [(str(b), str(f)) for b, f in tangents], [(int(o), int(i)) for o, i in gradients], devices, _memory_list(memory),
+                         [(str(b), str(f)) for b, f in tangents], [(int(o), int(i)) for o, i in gradients], devices, memory_list(memory),
                          placer, None if machine is None else os.fspath(machine), bool(coarsen),
                          None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
                          dict(symbol_sizes or {}),
@@ -218,7 +218,7 @@ def example_inputs(graph: Graph, symbol_sizes: dict[str, int] | None = None,
     Raises:
         ConfigError: an input of a dtype torch cannot make.
     """
-    _require_passes()
+    require_passes()
     sizes = dict(symbol_sizes or {})
     gen = torch.Generator().manual_seed(seed)
     out: list[Any] = []
@@ -303,13 +303,13 @@ def profile_graph_times(graph: Graph, inputs: Sequence[Any] | None = None, *, ru
     median run minus the nodes' medians (frees, argument lists), divided by
     the nodes timed. Every op pays it, whatever its size, so it is part of
     the per-op overhead (strategy="auto" adds it to the machine's
-    ``launch_overhead_us``: Note [The searched step] in step_search.py).
+    ``launch_overhead_us``: Note [The searched step] in compile/step_search.py).
 
     Raises:
         ExecutionError: the graph fails to run on the inputs.
     """
-    _require_passes()
-    from .executor import Executor
+    require_passes()
+    from ..runtime.executor import Executor
 
     program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
     ex = Executor(program, device_map="cpu-workers", threads_per_device=threads_per_device,

@@ -3,8 +3,8 @@
 
 Plans for a CUDA ``device_map`` were costed on passes' default device, a
 guess. They are now costed on a profile of the GPU they run on, calibrated
-on first use and cached on disk like the CPU's (cpu_profile.py), with the
-same measurements (device_calibration.py) at GPU sizes: ``mm`` of
+on first use and cached on disk like the CPU's (profiles/cpu.py), with the
+same measurements (profiles/calibration.py) at GPU sizes: ``mm`` of
 256..4096 squares, ``add`` of 10 K..64 M floats, copies of 64 KiB..256 MiB
 (to the next GPU when there is one, else within the GPU), the executor's
 per-op launch cost, hand-off between two logical devices, send span and
@@ -29,7 +29,7 @@ device (the test suite sets it), a path uses that profile file.
 
 Example::
 
-    from modelpar.cuda_profile import cuda_profile_path
+    from .cuda import cuda_profile_path
     path = cuda_profile_path("cuda:0")   # calibrates once, then cached
     modelpar.plan_graph(g, devices=2, machine=path)
 """
@@ -42,9 +42,9 @@ from pathlib import Path
 
 import torch
 
-from .cpu_profile import cache_dir, write_profile
-from .device_calibration import Target, calibrate, profile_from_env
-from .errors import ConfigError
+from .cache import cache_dir, write_profile
+from .calibration import Target, calibrate, profile_from_env
+from ..errors import ConfigError
 
 __all__ = ["cuda_profile_path", "calibrate_cuda", "gpus_of"]
 

@@ -3,7 +3,7 @@ over ranks (GradScaler at the end).
 
 Over a process group (``devices="world"``) each gradient lives on one rank
 only, the home of its parameter (Note [One home per parameter] in
-distributed.py): ``torch.nn.utils.clip_grad_norm_`` on a rank would see that
+distributed/homes.py): ``torch.nn.utils.clip_grad_norm_`` on a rank would see that
 rank's share of the gradients, compute a norm of its own and scale by it, so
 every rank clips differently and training leaves eager's path.
 ``modelpar.clip_grad_norm_`` takes every rank's share into the one norm of the
@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = ["clip_grad_norm_", "GradScaler"]
 
@@ -55,7 +55,7 @@ def _parameters(parameters: Any) -> list[torch.Tensor]:
 
 def _over_ranks(params: list[torch.Tensor]) -> bool:
     """Whether a compiled step binds any of ``params`` over a process group."""
-    from .distributed import home_rank
+    from .homes import home_rank
     return any(home_rank(p) is not None for p in params)
 
 
@@ -88,12 +88,12 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
                                               foreach)
     import torch.distributed as dist
 
-    from .distributed import _wait, group_of, wire_device
-    from .state_dict import _home
+    from .groups import wait_for, group_of, wire_device
+    from .state_dict import home_of
     group = group_of(process_group, "modelpar clip_grad_norm_")
     rank = dist.get_rank(group)
     norm_type = float(norm_type)
-    mine = [p.grad for p in params if p.grad is not None and _home(p) == rank]
+    mine = [p.grad for p in params if p.grad is not None and home_of(p) == rank]
     wire = wire_device(group)
     if mine:
         local = torch.nn.utils.get_total_norm(mine, norm_type, False, foreach).to(
@@ -104,7 +104,7 @@ def clip_grad_norm_(parameters: Any, max_norm: float, norm_type: float = 2.0,
     # This rank's share: max |g| for the inf norm, sum |g|^p otherwise.
     share = local if inf else local ** norm_type
     op = dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM
-    _wait(dist.all_reduce(share, op=op, group=group, async_op=True), timeout_s,
+    wait_for(dist.all_reduce(share, op=op, group=group, async_op=True), timeout_s,
           "clip_grad_norm_'s sum of the gradient norms over the ranks")
     total = share if inf else share ** (1.0 / norm_type)
     grads = [p.grad for p in params if p.grad is not None]
@@ -160,13 +160,13 @@ class GradScaler(torch.amp.GradScaler):
             return
         import torch.distributed as dist
 
-        from .distributed import _wait, group_of, wire_device
+        from .groups import wait_for, group_of, wire_device
         group = group_of(self._modelpar_group, "modelpar GradScaler")
         found = self._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
         flag = torch.zeros((), dtype=torch.float32, device=wire_device(group))
         for f in found.values():
             flag = torch.maximum(flag, f.to(flag.device, torch.float32))
-        _wait(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True),
+        wait_for(dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group, async_op=True),
               self._modelpar_timeout_s, "GradScaler's inf check over the ranks")
         # Every device of this rank's gradients, and the scale's (update()
         # needs at least one check on a rank that holds no gradient), sees it.

@@ -6,7 +6,7 @@ stored ones (passes/pipeline/checkpoint.h).
 
 Example::
 
-    g = modelpar.load_graph("examples/ir/mlp_step_symbolic.txt")   # x: f32[B, 16]
+    g = modelpar.ir.load_graph("examples/ir/mlp_step_symbolic.txt")   # x: f32[B, 16]
     mb = modelpar.microbatch(g, microbatches=4, batch_size=32)      # 4 copies, mb=0..3
     stages = {"fc1": 0, "fc2": 1, "loss": 1}
     ck = modelpar.checkpoint(mb, stages, mode="except_last")
@@ -19,9 +19,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple, Union
 
-from . import _C
-from .errors import ConfigError
-from .ir import Graph
+from .. import _C
+from ..errors import ConfigError
+from ..ir.text import Graph
 
 __all__ = ["CHECKPOINT_MODES", "CheckpointResult", "PARTITION_METHODS", "PIPELINE_SCHEDULES",
            "PipelinePlan", "checkpoint", "microbatch", "microbatch_sizes", "plan_pipeline"]
@@ -189,8 +189,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         PlanDoesNotFitError: the stages do not fit the memory.
     """
     _require()
-    from .ir import load_graph
-    from .planning import _memory_list
+    from ..ir.text import load_graph
+    from .placement import memory_list
     if not isinstance(graph, Graph):
         graph = load_graph(graph)
     for name, value in (("devices", devices), ("microbatches", microbatches),
@@ -199,7 +199,7 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
             raise ConfigError(f"modelpar pipeline: {name}={value!r} is not valid; {name} takes "
                               f"an int >= 1")
     p = _C.plan_pipeline(graph, devices, microbatches, batch_size, schedule, partition,
-                         checkpoint, bool(portals), _memory_list(memory), machine,
+                         checkpoint, bool(portals), memory_list(memory), machine,
                          loss_reduction, bool(allow_random), batch_norm)
     if trace is not None:
         p.write_trace(str(trace))

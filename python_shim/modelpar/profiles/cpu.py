@@ -7,7 +7,7 @@ a CPU core and hides the per-op host overhead that decides CPU plans).
 
 The profile is calibrated on first use and cached on disk: a short
 micro-benchmark (about a second) at the workers' intra-op thread count,
-device_calibration.py's measurements at CPU sizes (``mm`` of 64..512
+profiles/calibration.py's measurements at CPU sizes (``mm`` of 64..512
 squares, ``add`` of 1 K..4 M floats, ``clone`` of 4 KiB..16 MiB) plus the
 executor's per-op overhead, hand-off between two workers (of which the
 send span, handing the value to the copy thread and waking the receiver, is
@@ -25,7 +25,7 @@ the tests); a path uses that profile file.
 
 Example::
 
-    from modelpar.cpu_profile import cpu_profile_path
+    from modelpar.profiles.cpu import cpu_profile_path
     path = cpu_profile_path(threads=1)        # calibrates once, then cached
     modelpar.plan_graph(g, devices=2, machine=path)
 """
@@ -39,10 +39,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from .device_calibration import Target, calibrate, profile_from_env
-from .errors import ConfigError
+from ..errors import ConfigError
+from .cache import cache_dir, write_profile
+from .calibration import Target, calibrate, profile_from_env
 
-__all__ = ["cpu_profile_path", "calibrate_cpu", "cache_dir", "cpu_model_name", "machine_for",
+__all__ = ["cpu_profile_path", "calibrate_cpu", "cpu_model_name", "machine_for",
            "machine_for_options", "measures_nodes"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
@@ -59,12 +60,6 @@ def cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
-
-
-def cache_dir() -> Path:
-    """``$XDG_CACHE_HOME/modelpar``, else ``~/.cache/modelpar``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "modelpar"
 
 
 def _cache_file(threads: int) -> Path:
@@ -93,18 +88,9 @@ def cpu_profile_path(threads: int = 1, *, progress: bool = True) -> str | None:
     return str(path)
 
 
-def write_profile(path: Path, text: str) -> None:
-    """Writes a profile into the cache atomically: a concurrent reader (another
-    rank, another test process) sees all of it or nothing."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def calibrate_cpu(threads: int = 1, *, progress: bool = True,
                   memory_bytes: int | None = None) -> str:
-    """Measures this CPU (see the module docstring and device_calibration.py)
+    """Measures this CPU (see the module docstring and profiles/calibration.py)
     and returns the profile's JSON text: one device, replicated by the
     planners to as many CPU workers as they plan for. ``memory_bytes``: the
     device's capacity (default: the machine's physical memory; the
@@ -123,21 +109,21 @@ def calibrate_cpu(threads: int = 1, *, progress: bool = True,
 def machine_for(device_map: str, threads: int = 1) -> str | None:
     """The machine profile a plan for the executor's ``device_map`` is costed
     on: the CPU profile for ``"cpu-workers"``, the GPU's for a CUDA map
-    (cuda_profile.py); None (passes' default device) where the profile is
+    (profiles/cuda.py); None (passes' default device) where the profile is
     turned ``off``."""
     if device_map == "cpu-workers":
         return cpu_profile_path(threads)
-    from .cuda_profile import cuda_profile_path
+    from .cuda import cuda_profile_path
     return cuda_profile_path(device_map)
 
 
 def machine_for_options(opts: Any) -> str | None:
     """``machine_for`` the options' executor device map; over a process group
     rank 0's profile, the same on every rank (Note [Measured once, planned
-    everywhere] in first_rank.py)."""
+    everywhere] in distributed/first_rank.py)."""
     if not opts.world:
         return machine_for(opts.executor_device_map)
-    from .first_rank import machine_on_ranks, measure_wait_s
+    from ..distributed.first_rank import machine_on_ranks, measure_wait_s
     return machine_on_ranks(lambda: machine_for(opts.executor_device_map), opts.process_group,
                             measure_wait_s(opts.peer_timeout))
 
@@ -145,7 +131,7 @@ def machine_for_options(opts: Any) -> str | None:
 def measures_nodes(device_map: str) -> bool:
     """Whether plans for ``device_map`` also time the graph's nodes on this
     machine (strategy="auto": Note [The searched step] in
-    step_search.py): with the calibrated CPU profile, i.e. CPU workers
+    compile/step_search.py): with the calibrated CPU profile, i.e. CPU workers
     and ``$MODELPAR_CPU_PROFILE`` unset. A profile named by the variable is
     taken as given (its costs are what the user wants planned with), and
     ``off`` plans with passes' default device."""

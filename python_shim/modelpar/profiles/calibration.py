@@ -1,7 +1,7 @@
 """Measures one kind of device the executor runs on and fits a machine
 profile for planning (passes/cost/README.md): the measurements shared by
-the CPU profile (cpu_profile.py: CPU worker devices) and the GPU profile
-(cuda_profile.py: logical devices on CUDA GPUs).
+the CPU profile (profiles/cpu.py: CPU worker devices) and the GPU profile
+(profiles/cuda.py: logical devices on CUDA GPUs).
 
 What is measured, on a :class:`Target` (where the tensors of the
 micro-benchmarks live, the executor's device map, how to wait for it):
@@ -26,7 +26,7 @@ machine only ever adds to a run.
 
 Example::
 
-    from modelpar.device_calibration import Target, calibrate
+    from .calibration import Target, calibrate
     text = calibrate(Target.cpu(threads=1), memory_bytes=8 << 30)
 """
 
@@ -60,7 +60,7 @@ def profile_from_env(var: str, kind: str, device: str) -> tuple[bool, str | None
     Raises:
         ConfigError: ``$var`` names no file.
     """
-    from .errors import ConfigError
+    from ..errors import ConfigError
     env = os.environ.get(var, "").strip()
     if env.lower() == "off":
         return True, None
@@ -182,9 +182,9 @@ def chain(layers: list[str]) -> str:
 
 def _executor(target: Target, text: str, devices: int, pinned: dict[str, int] | None,
               record_trace: bool = False) -> Any:
-    from .executor import Executor
-    from .ir import parse_graph
-    from .planning import plan_graph
+    from ..runtime.executor import Executor
+    from ..ir.text import parse_graph
+    from ..planning.placement import plan_graph
     plan = plan_graph(parse_graph(text), devices=devices, dump_dir="", coarsen=False,
                       pinned_layers=pinned)
     ex = Executor(plan.program, device_map=target.device_map,
@@ -246,7 +246,7 @@ def calibrate(target: Target, memory_bytes: int, *, progress: bool = True) -> st
     """Measures ``target`` (see the module docstring) and returns the
     profile's JSON text: one device, which the planners replicate to as
     many devices as they plan for; ``memory_bytes`` is its capacity."""
-    from . import _C
+    from .. import _C
     bar = Progress(len(target.mm_sizes) + len(target.add_sizes) + len(target.copy_sizes) + 2,
                    progress, target.title)
     dev, wait = target.tensor_device, target.wait

@@ -11,8 +11,8 @@ from typing import Any, Callable, Optional, Union
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
-from . import _C
-from ._C import Program
+from .. import _C
+from .._C import Program
 from .interpreter import RuntimeValue
 
 __all__ = ["Executor", "capture_issues", "cuda_devices_built"]

@@ -9,9 +9,9 @@ from typing import Union
 
 import torch
 
-from ._C import Graph, Program
-from ._C import run_graph as _run_graph
-from ._C import run_program as _run_program
+from .._C import Graph, Program
+from .._C import run_graph as _run_graph
+from .._C import run_program as _run_program
 
 __all__ = ["run_graph", "run_program", "RuntimeValue"]
 

@@ -1,0 +1,182 @@
+"""Plans over the ranks of a ``torch.distributed`` process group: one
+logical device per process (``torchrun --nproc-per-node N``), rank r running
+device r's instruction list on the C++ rank executor
+(``runtime/rank_executor.h``), whose sends and receives are the group's
+point-to-point calls (Gloo on CPU, NCCL on GPUs).
+
+``torch.compile(model, backend="modelpar", options={"devices": "world"})``
+plans over every rank of the default group; ``options={"process_group": g}``
+over the ranks of ``g`` (``devices``, if given, must equal its size).
+
+Before anything runs, every rank's plan is hashed and the hashes
+all-gathered (:func:`check_same_plan`): ranks that planned differently
+raise ``ConfigError`` naming them. A step that fails on one rank makes every
+other rank raise ``ExecutionError`` naming the failed rank, within
+``peer_timeout`` seconds (Note [Naming the failed rank]).
+
+Example (``torchrun --nproc-per-node 2 train.py``)::
+
+    dist.init_process_group("gloo")
+    step = torch.compile(train_step, backend="modelpar", options={"devices": "world"})
+    loss = step(model, x, y)          # every rank gets the loss
+    # each parameter's .grad exists on the rank that owns it, None elsewhere
+"""
+
+from __future__ import annotations
+
+import atexit
+import gc
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from .. import _C
+from ..errors import ExecutionError, PeerError
+from ..runtime.executor import outside_dispatch_modes
+from . import homes
+from .faults import name_failed_rank, report_failure
+
+__all__ = ["RankExecutor"]
+
+
+# id(group) -> (group, the group carrying its transfers from higher to lower
+# ranks); the group is kept so that its id is not reused by a new one
+_reverse_groups: dict[int, tuple[Any, Any]] = {}
+
+
+def _reverse_group(group: Any, backend: str) -> Any:
+    """A second group of the same ranks for the transfers from a higher rank
+    to a lower one (Note [One stream per direction] in
+    runtime/rank_executor.cpp): over NCCL, where c10d runs both directions
+    of a pair on one stream; on any backend with MODELPAR_REVERSE_GROUP=1 (to
+    test it on Gloo); none with MODELPAR_REVERSE_GROUP=0. Made once per group,
+    by every rank at its first executor (new_group is collective over the
+    world, so only for the default group; None otherwise)."""
+    import os
+
+    import torch.distributed as dist
+    wanted = os.environ.get("MODELPAR_REVERSE_GROUP")
+    if wanted == "0" or (wanted != "1" and "nccl" not in backend):
+        return None
+    if group is not dist.distributed_c10d._get_default_group():
+        return None
+    if id(group) not in _reverse_groups:
+        _reverse_groups[id(group)] = (group, dist.new_group(
+            ranks=dist.get_process_group_ranks(group), backend=backend))
+    return _reverse_groups[id(group)][1]
+
+
+# Note [Letting go of the group at exit]
+# A RankExecutor holds its process group (the Python object and, in C++, the
+# c10d backend), and compiled functions keep their executors for the life of
+# the process. So dist.destroy_process_group() does not destroy a group that
+# modelpar ran on: it lived until the interpreter's final garbage collection,
+# where a Gloo group's worker thread was sometimes torn down by a forced
+# unwind and the process aborted after a successful run ("terminate called
+# without an active exception"; 1 in 4 runs of the pipelined rank tests on a
+# loaded 2-core machine). An atexit hook closes every live executor first, so
+# the group goes while the interpreter is whole.
+_live_executors: "weakref.WeakSet[RankExecutor]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_executors() -> None:
+    for ex in list(_live_executors):
+        ex.close()
+    _reverse_groups.clear()  # made by modelpar: let go of them too
+    gc.collect()
+
+
+class RankExecutor:
+    """Runs rank ``rank``'s instruction list of ``program`` (a Program with
+    one device per rank of ``group``) on the C++ rank executor.
+
+    Raises:
+        ConfigError: the group's size is not the program's device count.
+        InvalidIrError / UnsupportedOpError: as :class:`modelpar.Executor`.
+    """
+
+    def __init__(self, program: Any, group: Any, *, device: str = "cpu",
+                 timeout_s: float = 30.0, replicated_outputs: Sequence[int] = (),
+                 output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
+                 record_trace: bool = False, trains: bool = True) -> None:
+        import torch.distributed as dist
+        self.group = group
+        self.trains = trains  # a training graph's bindings are its parameters' homes
+        self.backend = str(dist.get_backend(group))
+        self.timeout_s = timeout_s
+        self.rank_now = dist.get_rank(group)
+        self.input_devices = list(_C.input_devices(program))
+        reverse = _reverse_group(group, self.backend)
+        self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
+                                   device=device, replicated_outputs=list(replicated_outputs),
+                                   output_homes=[tuple(h) for h in output_homes], verify=verify,
+                                   record_trace=record_trace,
+                                   reverse_group_name=reverse.group_name if reverse else "")
+        _live_executors.add(self)
+
+    def chrome_trace(self) -> str:
+        """Chrome trace JSON of the last step on this rank: one process, this
+        rank's device (needs ``record_trace=True``)."""
+        return self._ex.chrome_trace()
+
+    def close(self) -> None:
+        """Drops this executor's hold on the process group (Note [Letting go
+        of the group at exit]); run() raises afterwards."""
+        self._ex = None
+        self.group = None
+
+    def run(self, inputs: Sequence[Any]) -> list[Any]:
+        """One step: returns one value per graph output, None for the
+        outputs that live on other ranks (and are not replicated).
+
+        Raises:
+            ExecutionError: a failing instruction here, or (PeerError) a
+                transfer with another rank that did not complete; the message
+                names the failed rank (Note [Naming the failed rank]).
+        """
+        if self._ex is None:
+            raise ExecutionError("modelpar: this rank executor was closed (the process is exiting)")
+        inputs = list(inputs)
+        homes.note_inputs(inputs, self.input_devices, self.rank_now, self.trains)
+        if homes.plan_only:  # Note [Planning without running] in distributed/materialize.py
+            raise homes.Planned()
+        try:
+            return outside_dispatch_modes(self._ex.run, inputs)
+        except PeerError as e:
+            raise name_failed_rank(self.group, self.rank, e) from e
+        except ExecutionError as e:
+            report_failure(self.group, self.rank, f"failed: {e}")
+            raise
+
+    __call__ = run
+
+    @property
+    def rank(self) -> int:
+        return self._ex.rank
+
+    @property
+    def num_devices(self) -> int:
+        return self._ex.world_size
+
+    @property
+    def program(self) -> Any:
+        return self._ex.program
+
+    @property
+    def last_step_wait_ns(self) -> int:
+        """Nanoseconds the last step spent waiting for other ranks."""
+        return self._ex.last_step_wait_ns
+
+    @property
+    def output_holders(self) -> list[int]:
+        return list(self._ex.output_holders)
+
+    def replay_status(self) -> dict:
+        return {"requested": "streams", "steps": 0, "captured": False, "static_buffers": False,
+                "graphs": 0, "issues": [],
+                "summary": f"rank {self.rank} of {self.num_devices} over {self.backend} "
+                           "(stream replay)"}
+
+    def __repr__(self) -> str:
+        return f"<modelpar.RankExecutor rank {self.rank} of {self.num_devices} over {self.backend}>"
