@@ -175,10 +175,9 @@ def bench_model(name: str, devices: int, runs: int) -> dict:
             for c, t, ps in zip(ok, times, passes)]
     sim = [r["simulated_us"] for r in rows]
     meas = [r["measured_us"] for r in rows]
-    # The chosen plan is compared with the best the search could choose: not
-    # the pipelines that defer batch norm, which strategy="auto" refuses (Note
-    # [The searched step keeps the model's math]) but which are still run for
-    # the simulator's fidelity, which does not depend on their semantics.
+    # The chosen plan is compared with the best the search could choose (its
+    # ok and pruned candidates; Note [Searched pipelines keep the pipeline
+    # option's defaults] in compile/step_search.py).
     choosable = {c["label"] for c in search.candidates if c["status"] in ("ok", "pruned")}
     best = min((r for r in rows if r["label"] in choosable), key=lambda r: r["measured_us"])
     chosen = next(r for r in rows if r["label"] == chosen_label)

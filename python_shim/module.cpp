@@ -134,7 +134,23 @@ PYBIND11_MODULE(_C, m) {
            "deadlock). Raises InvalidIrError.")
       .def_property_readonly("graph", [](const ir::Program& p) { return p.graph(); },
                              "A copy of the program's graph.")
-      .def_property_readonly("num_devices", &ir::Program::numDevices);
+      .def_property_readonly("num_devices", &ir::Program::numDevices)
+      .def_property_readonly(
+          "computing_devices",
+          [](const ir::Program& p) {
+            int n = 0;
+            for (int d = 0; d < p.numDevices(); ++d) {
+              for (const ir::Instruction& in : p.schedule(d)) {
+                if (in.kind == ir::Instruction::Kind::Run) {
+                  ++n;
+                  break;
+                }
+              }
+            }
+            return n;
+          },
+          "How many devices run at least one op (a one-device plan of an N-device "
+          "program: 1).");
 
   m.def("parse_graph", [](const std::string& text) { return ir::parseGraph(text); },
         py::arg("text"));

@@ -2,6 +2,8 @@
 // simulate, keep the fastest that fits.
 #include "passes/search/strategy_search.h"
 
+#include "passes/search/candidate_reasons.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -123,16 +125,36 @@ int StrategySearch::count(CandidateStatus s) const {
 }
 
 std::string StrategySearch::table() const {
+  // A failure reason shared by several candidates is printed once, below
+  // the table, with its count; each row names it by number (candidate_reasons.h).
+  const std::vector<ReasonGroup> groups = groupFailureReasons(candidates);
+  std::vector<int> group_of(candidates.size(), -1);
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (int i : groups[g].candidates) group_of[static_cast<size_t>(i)] = static_cast<int>(g);
+  }
   std::string out = fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}\n", "", "candidate",
                                 "step", "peak memory", "lower bound", "status");
+  bool shared = false;
   for (size_t i = 0; i < candidates.size(); ++i) {
     const StrategyCandidate& c = candidates[i];
     bool ok = c.status == CandidateStatus::Ok;
-    out += fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}{}{}\n",
+    std::string why = c.reason.empty() ? "" : ": " + c.reason;
+    if (group_of[i] >= 0 && groups[static_cast<size_t>(group_of[i])].candidates.size() > 1) {
+      why = fmt::format(": reason [{}]", group_of[i] + 1);
+      shared = true;
+    }
+    out += fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}{}\n",
                        static_cast<int>(i) == chosen ? "*" : "", c.label(),
                        ok ? formatMicros(c.step_us) : "-", ok ? formatBytes(c.peak_bytes) : "-",
-                       formatMicros(c.lower_bound_us), toString(c.status),
-                       c.reason.empty() ? "" : ": ", c.reason);
+                       formatMicros(c.lower_bound_us), toString(c.status), why);
+  }
+  if (shared) {
+    out += "reasons:\n";
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g].candidates.size() < 2) continue;
+      out += fmt::format("  [{}] {}: {}\n", g + 1, describeGroup(groups[g], candidates),
+                         groups[g].reason);
+    }
   }
   out += fmt::format("search: {} candidates, {} simulated, {} pruned by bound, {} dropped, {:.3f} s\n",
                      candidates.size(), count(CandidateStatus::Ok),
@@ -301,11 +323,9 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   }
   result.seconds = secondsSince(t0);
   if (result.chosen < 0) {
-    std::string reasons;
-    for (const StrategyCandidate& c : result.candidates) {
-      if (c.status == CandidateStatus::DoesNotFit || c.status == CandidateStatus::Failed) {
-        reasons += fmt::format("\n  {}: {}", c.label(), c.reason);
-      }
+    std::string reasons;  // each reason once, with the candidates that gave it
+    for (const ReasonGroup& g : groupFailureReasons(result.candidates)) {
+      reasons += fmt::format("\n  {}: {}", describeGroup(g, result.candidates), g.reason);
     }
     MP_THROW(PlanDoesNotFitError,
              "modelpar {}: none of the {} candidates on {} devices fits and runs; use more "

@@ -212,3 +212,24 @@ def test_capture_issues_answer_for_a_gpu_without_one():
     assert "aten::nonzero" in issue["what"]
     with pytest.raises(modelpar.ConfigError, match="replay must be"):
         modelpar.Executor(program, replay="cudagraphs")
+
+
+def test_workers_share_the_process_threads_among_the_devices_that_compute():
+    # Note [Every core used]: a worker gets the process's threads divided
+    # among the devices that run ops; a one-device plan of a 2-device
+    # program (what strategy="auto" may choose) gets them all.
+    from modelpar.planning.placement import plan_graph
+    from modelpar.runtime.executor import threads_per_worker
+    two = modelpar.ir.load_program(MLP)
+    assert two.num_devices == 2 and two.computing_devices == 2
+    graph = modelpar.parse_graph(str(two.graph))
+    one = plan_graph(graph, devices=2, placer="m-topo", memory=None).program
+    one_device = plan_graph(graph, devices=1).program
+    assert one_device.computing_devices == 1
+    assert threads_per_worker(two, threads=8) == 4
+    assert threads_per_worker(two, threads=1) == 1  # at least one each
+    assert threads_per_worker(one_device, threads=8) == 8
+    assert threads_per_worker(one, threads=6) == 6 // one.computing_devices
+    ex = modelpar.Executor(one_device, device_map="cpu-workers",
+                           threads_per_device=threads_per_worker(one_device, threads=2))
+    assert ex.device_map == "1 cpu-workers x 2 threads"

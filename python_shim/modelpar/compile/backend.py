@@ -620,7 +620,7 @@ class _Capture:
         cut]). strategy="auto" decides for itself, except for a training
         graph that does not return the loss (``returns_loss``), where it
         searches only GPipe pipelines."""
-        if self.opts.pipeline is None and (self.opts.strategy != "auto" or returns_loss):
+        if not self.opts.pipeline_by_hand and (self.opts.strategy != "auto" or returns_loss):
             return None
         data = [n for n in gm.graph.nodes if n.op == "placeholder"
                 and self.describe_input(n)[0] is InputRole.INPUT
@@ -641,7 +641,7 @@ class _Capture:
         piece = (f"the piece of {plan.function} after the graph break at line "
                  f"{plan.resumed_at}" if plan.resumed_at is not None
                  else f"a graph of {plan.function}")
-        searched = ("" if self.opts.pipeline is not None else
+        searched = ("" if self.opts.pipeline_by_hand else
                     " (strategy='auto' searches only GPipe pipelines for a graph that does "
                     "not return the loss)")
         warn_once(
@@ -707,7 +707,7 @@ class _Capture:
         node) is passed as ``pinned_layers`` when the backward is planned
         (PlanOptions::pinned_layers). Inference graphs are planned alone.
         """
-        from ..runtime.executor import Executor
+        from ..runtime.executor import Executor, threads_per_worker
         from ..planning.placement import plan_graph
         joint = self.joint if kind is not GraphKind.INFERENCE else None
         if joint is not None and joint.texts.get(kind.value) == imported.text:
@@ -736,7 +736,8 @@ class _Capture:
                                             _scalar_outputs(gm, imported.output_map))
         def make_executor() -> Any:
             return Executor(placement.program, device_map=self.opts.executor_device_map,
-                            threads_per_device=1, record_trace=self.opts.trace is not None,
+                            threads_per_device=threads_per_worker(placement.program),
+                            record_trace=self.opts.trace is not None,
                             replay="graphs" if self.opts.cuda_graphs else "streams")
         ex = make_executor()
         self.executors[kind.value] = ex

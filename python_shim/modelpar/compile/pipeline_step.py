@@ -62,8 +62,12 @@ from ..profiles.cpu import machine_for_options
 from ..errors import ConfigError, ExecutionError
 from ..planning.options import CompileOptions, pipeline_options
 from .graph_breaks import last_graph_break, warn_once
+from .plan_guard import PlanGuard
 
 __all__ = ["PipelineStep", "MAX_BATCH_SIZES"]
+
+#: Training-mode batch norm as AOTAutograd functionalises it.
+_TRAINING_BATCH_NORM = "aten::_native_batch_norm_legit_functional"
 
 #: Pipelined steps kept per compiled graph, one per batch size, least recently
 #: used dropped first: each holds executors and their worker threads, so a
@@ -122,14 +126,17 @@ class PipelineStep:
 
     def __init__(self, opts: CompileOptions, plan_record: Any, name: str) -> None:
         self.opts = opts
-        # Note [The searched step keeps the model's math] (compile/step_search.py):
-        # strategy="auto" never defers batch norm; only the pipeline option does.
-        self.options = pipeline_options(opts.pipeline if opts.pipeline is not None
-                                        else {"batch_norm": "refuse"})
+        # Note [Searched pipelines keep the pipeline option's defaults]
+        # (compile/step_search.py): under strategy="auto" the pipeline option
+        # gives only what every searched pipeline keeps (batch_norm, ...).
+        self.options = pipeline_options(opts.pipeline or {})
         self.record = plan_record
         self.name = name
         self.stash = _StashTable()
         self.built: collections.OrderedDict[int, _Built] = collections.OrderedDict()
+        # strategy="auto": batch size -> the guard timing its chosen plan against
+        # the one-device plan (Note [Never slower than one device]).
+        self.guards: dict[int, PlanGuard] = {}
         self.mode = "step"
         self.graph: Any = None
         self.tangents_checked = False  # step mode: the other outputs' tangents read once
@@ -262,7 +269,7 @@ class PipelineStep:
         if batch in self.built:
             self.built.move_to_end(batch)
             return self.built[batch]
-        from ..runtime.executor import Executor
+        from ..runtime.executor import Executor, threads_per_worker
         from ..planning.pipeline import plan_pipeline
         o = self.options
         start = time.perf_counter()
@@ -312,7 +319,8 @@ class PipelineStep:
             self.built_programs = programs
             executors = [self.on_ranks(p, k, batch) for k, p in enumerate(programs)]
         else:
-            executors = [Executor(p, device_map=self.opts.executor_device_map, threads_per_device=1,
+            executors = [Executor(p, device_map=self.opts.executor_device_map,
+                                  threads_per_device=threads_per_worker(p),
                                   record_trace=self.opts.trace is not None,
                                   replay="graphs" if self.opts.cuda_graphs else "streams")
                          for p in programs]
@@ -320,10 +328,14 @@ class PipelineStep:
                        [{n: i for i, n in enumerate(p.graph.output_names)} for p in programs],
                        [list(p.graph.input_names) for p in programs])
         self.built[batch] = built
+        self.guards.pop(batch, None)
+        if search is not None and self._guarded(search):
+            self.guards[batch] = PlanGuard(built, self._one_device(batch, machine))
         while len(self.built) > MAX_BATCH_SIZES:
             dropped, _ = self.built.popitem(last=False)
             self.record.pipeline_batches.pop(dropped, None)
             self.record.search_batches.pop(dropped, None)
+            self.guards.pop(dropped, None)
             self.record.pipeline_evictions += 1
         # A searched plan is a pipeline or a placement of the whole step
         # (Note [The searched step] in compile/step_search.py); plans()[-1] reports it.
@@ -333,12 +345,73 @@ class PipelineStep:
         if search is not None:
             self.record.search = search
             self.record.search_batches[batch] = search
+            self._say_if_batch_norm_is_deferred(search)
         if search is None:
             self.record.step_graph = self.graph
         self.record.pipeline_mode = self.mode if self.graph_kind == "training" else "inference"
         self.record.pipeline_batches[batch] = plan
         self.record.pipeline_seconds += time.perf_counter() - start
         return built
+
+    def _say_if_batch_norm_is_deferred(self, search: Any) -> None:
+        """Warns once when strategy="auto" chose a pipeline of several
+        micro-batches for a step with training-mode batch norm, which then
+        normalises each micro-batch with its own statistics (Note [Searched
+        pipelines keep the pipeline option's defaults])."""
+        chosen = search.candidates[search.chosen]
+        if chosen["kind"] != "pipeline" or chosen["microbatches"] < 2 \
+                or self.options["batch_norm"] != "deferred":
+            return
+        if not any(op.startswith(_TRAINING_BATCH_NORM) for op, _, _ in _C.graph_nodes(self.graph)):
+            return
+        rec = self.record
+        warn_once(f"deferred batch norm {rec.name}",
+                  f"modelpar: strategy='auto' chose {chosen['label']} for {rec.function} "
+                  f"({rec.filename}:{rec.line}); its training-mode batch norm normalises each of "
+                  f"the {chosen['microbatches']} micro-batches with its own statistics "
+                  "(torchgpipe's DeferredBatchNorm; the running statistics are the whole "
+                  "batch's), as the pipeline option does, so the loss differs from eager's by "
+                  "that. options={'strategy': 'auto', 'pipeline': {'batch_norm': 'refuse'}} keeps "
+                  "eager's batch statistics (pipelines of one micro-batch only)", stacklevel=2)
+
+    def _guarded(self, search: Any) -> bool:
+        """Whether the chosen plan is timed against the one-device plan on
+        the first steps (Note [Never slower than one device] in
+        compile/plan_guard.py)."""
+        if self.opts.world or self.mode != "step" or self.graph_kind != "training":
+            return False
+        chosen = search.candidates[search.chosen]
+        return chosen["kind"] != "one-device" and any(
+            c["kind"] == "one-device" and c["status"] == "ok" for c in search.candidates)
+
+    def _one_device(self, batch: int, machine: str | None) -> _Built:
+        """The step on one device, every core its worker's (Note [Every core
+        used] in runtime/executor.py)."""
+        from ..runtime.executor import Executor, threads_per_worker
+        from ..planning.placement import plan_graph
+        plan = plan_graph(self.graph, devices=1, machine=machine, memory=self.opts.memory,
+                          dump_dir="")
+        program = plan.program
+        ex = Executor(program, device_map=self.opts.executor_device_map,
+                      threads_per_device=threads_per_worker(program),
+                      record_trace=self.opts.trace is not None,
+                      replay="graphs" if self.opts.cuda_graphs else "streams")
+        return _Built(plan, [ex], [{n: i for i, n in enumerate(program.graph.output_names)}],
+                      [list(program.graph.input_names)])
+
+    def _guard_step(self, batch: int, built: _Built, start_ns: int, end_ns: int) -> None:
+        """Notes a guarded step's time; once the guard decides, keeps the
+        winner for this batch size and says so in plans()."""
+        guard = self.guards.get(batch)
+        if guard is None or not guard.record(built, (end_ns - start_ns) / 1e3):
+            return
+        del self.guards[batch]
+        self.record.guard_batches[batch] = guard.summary
+        if guard.winner is guard.one_device:
+            self.built[batch] = guard.one_device
+            self.record.pipeline = None
+            self.record.joint = guard.one_device.plan
+            self.record.pipeline_batches[batch] = guard.one_device.plan
 
     def _search(self, batch: int, machine: str | None,
                 values: Mapping[str, Any] | None) -> Any:
@@ -410,12 +483,19 @@ class PipelineStep:
             inputs = list(args)
             args.clear()
             by_name = {**self.constants, **dict(zip(self.fw_input_names, inputs))}
-            built = self.build(self.batch_of(inputs), by_name)
+            batch = self.batch_of(inputs)
+            built = self.build(batch, by_name)
+            guard = self.guards.get(batch)
+            if guard is not None:
+                built = guard.next_build()
             start = time.perf_counter_ns()
             outs = _run(built, 0, by_name)
+            end = time.perf_counter_ns()
             # A step-mode forward runs the whole step: it completes it.
             self.record.record_run("forward" if self.mode == "split" else "step",
-                                   built.executors[0], start, time.perf_counter_ns())
+                                   built.executors[0], start, end)
+            if guard is not None:
+                self._guard_step(batch, built, start, end)
             user = [outs[n] if n else None for n in self.fw_out_names]
             if self.graph_kind == "inference":
                 return user

@@ -97,6 +97,10 @@ class Plan:
     #: (modelpar/strategy.py) and of each batch size.
     search: Any = None
     search_batches: dict[int, Any] = field(default_factory=dict)
+    #: With ``strategy="auto"``: per batch size, what the first steps measured
+    #: of the chosen plan against the one-device plan and which was kept
+    #: (Note [Never slower than one device] in compile/plan_guard.py).
+    guard_batches: dict[int, str] = field(default_factory=dict)
     #: With ``pipeline`` or ``strategy="auto"``: the joined training step
     #: graph the passes plan (symbolic batch; bench/strategy_search.py
     #: measures every candidate on it).
@@ -347,6 +351,8 @@ class Plan:
             lines.append(f"  strategy: auto, chose {chosen['label']} (simulated "
                          f"{chosen['step_us']:.1f} us) of {len(self.search.candidates)} "
                          f"candidates in {self.search.seconds:.2f} s")
+            for batch, note in sorted(self.guard_batches.items()):
+                lines.append(f"  run-time check at batch {batch}: {note}")
             lines.append("  [search]")
             lines.extend("    " + line for line in self.search.table().rstrip("\n").splitlines())
         if self.joint is not None:

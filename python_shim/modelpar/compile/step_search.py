@@ -32,18 +32,22 @@ runs as one Program, like a step-mode pipeline; in split mode
 at the backward (split_phases needs a pipeline's stages), so only they are
 searched.
 
-Note [The searched step keeps the model's math]: ``strategy="auto"``
-picks how the step runs, never what it computes. Under the ``pipeline``
-option batch norm defaults to torchgpipe's DeferredBatchNorm (each
-micro-batch normalised with its own statistics: the user asked for a
-pipeline and gets its semantics); under ``strategy="auto"`` the user asked
-for none, so training-mode batch norm is refused in micro-batches
-(``batch_norm="refuse"``) and a pipeline of several micro-batches of such a
-model is a failed candidate that says why (measured: ResNet with the loss
-outside had been given a GPipe pipeline of 4 micro-batches whose loss was
-4 % off eager's). In split mode, where only GPipe pipelines are searched,
-pipelines of one micro-batch (the layers cut into stages, run in turn) are
-candidates too, so such a model still has a plan.
+Note [Searched pipelines keep the pipeline option's defaults]: a
+searched pipeline is what the ``pipeline`` option would build for the same
+schedule, micro-batches, partition and checkpoint mode, with the same
+defaults: training-mode batch norm deferred (torchgpipe's DeferredBatchNorm:
+each micro-batch normalised with its own statistics, the running statistics
+from the whole batch's) and dropout drawn per micro-batch. A pipeline is
+measured against what the option would run, so auto is never slower than
+the plain option it stands for. (Until issue 38, auto refused batch norm in
+micro-batches, and every pipeline of a ResNet was a failed candidate.) The
+math then differs from eager's by the per-micro-batch statistics, so when
+auto chooses such a pipeline for a step with training-mode batch norm it
+warns once, naming the way back: ``options={"strategy": "auto", "pipeline":
+{"batch_norm": "refuse"}}``; under auto the ``pipeline`` option may give
+only ``batch_norm``, ``allow_random``, ``loss_reduction`` and ``portals``.
+In split mode, where only GPipe pipelines are searched, pipelines of one
+micro-batch (the layers cut into stages, run in turn) are candidates too.
 
 Random ops are another matter: dropout, bernoulli, rand_like and the like
 draw each element on its own, so drawn per micro-batch they have the
@@ -182,14 +186,17 @@ def _measured(graph: Any, batch: int, values: Mapping[str, Any], devices: int,
     # through Python (~30 us). Time the nodes without the modes.
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes():
-        times, gap_us = profile_graph_times(graph, inputs, runs=5)
+        # Note [Every core used] (runtime/executor.py): each of the plan's
+        # workers gets its share of the process's threads; time the nodes so.
+        threads = max(1, torch.get_num_threads() // max(1, devices))
+        times, gap_us = profile_graph_times(graph, inputs, runs=5, threads_per_device=threads)
         cores = _host_cores(graph, inputs, devices) if devices > 1 else 0.0
         counts = [m for m in sorted({2, *counts}) if m >= 2 and batch // m >= 1] \
             if batch >= 4 else []
-        steps = {1: _OneWorker(graph, inputs)}
+        steps = {1: _OneWorker(graph, inputs, threads)}
         for m in counts:
             try:
-                steps[m] = _OneWorker(graph, sized(batch // m))
+                steps[m] = _OneWorker(graph, sized(batch // m), threads)
             except ExecutionError:  # a step that cannot run at B/m (batch norm of one sample)
                 continue
         fastest = _fastest_in_rounds(steps)
@@ -207,11 +214,11 @@ class _OneWorker:
     """``graph`` planned on one CPU worker, ready to run on ``inputs`` (run
     once here: the warm-up; raises ExecutionError when the step cannot run)."""
 
-    def __init__(self, graph: Any, inputs: list[Any]) -> None:
+    def __init__(self, graph: Any, inputs: list[Any], threads: int = 1) -> None:
         from ..runtime.executor import Executor
         from ..planning.placement import InputRewind, plan_graph
         program = plan_graph(graph, devices=1, coarsen=False, dump_dir="").program
-        self.executor = Executor(program, device_map="cpu-workers", threads_per_device=1)
+        self.executor = Executor(program, device_map="cpu-workers", threads_per_device=threads)
         self.inputs = inputs
         self.rewind = InputRewind(graph, inputs)  # Note [Timing a step that writes its inputs]
         t0 = time.perf_counter_ns()
@@ -345,7 +352,7 @@ def _with_measured(machine: str, fixed_us: float, cores: float,
 
 def _searched_counts(devices: int, batch: int, split: bool) -> list[int]:
     """The micro-batch counts the search tries: _microbatch_counts, and in
-    split mode also 1 (Note [The searched step keeps the model's math])."""
+    split mode also 1 (Note [Searched pipelines keep the pipeline option's defaults])."""
     counts = _microbatch_counts(devices, batch)
     return [1, *counts] if split and 1 not in counts else counts
 

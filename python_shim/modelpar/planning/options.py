@@ -17,7 +17,7 @@ silently ignored.
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
 | ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile/pipeline_step.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
-| ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them; it never defers training-mode batch norm (a pipeline of several micro-batches of such a model fails saying so); its pipelines draw dropout per micro-batch (not a step that draws ``randperm``). Not with ``placer`` or ``pipeline`` (those pick by hand); over a process group rank 0 measures and every rank searches with its numbers (the one-device plan excluded) |
+| ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them; its pipelines keep the ``pipeline`` option's defaults (batch norm deferred, with a warning when such a pipeline is chosen; dropout drawn per micro-batch, not a step that draws ``randperm``), and ``pipeline`` may set only those (``batch_norm``, ``allow_random``, ``loss_reduction``, ``portals``); on the first steps the chosen plan is timed against the one-device plan and the faster kept (compile/plan_guard.py). Not with ``placer`` (it picks by hand); over a process group rank 0 measures and every rank searches with its numbers (the one-device plan excluded) |
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed/rank_executor.py) |
 | ``process_group`` | None or a ``torch.distributed.ProcessGroup`` | None | works: plan over this group's ranks (``devices``, when a count, must equal its size); None with ``devices="world"``: the default group |
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
@@ -70,6 +70,8 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
+#: The pipeline keys strategy="auto" chooses itself.
+_SEARCHED_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint")
 _PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint", "portals", "batch_norm",
                  "allow_random", "loss_reduction")
 
@@ -141,6 +143,13 @@ class CompileOptions:
     #: The ``pipeline`` keys the user gave (the rest are defaults: Note [A
     #: model that checkpoints itself] in compile/pipeline_step.py).
     pipeline_given: tuple[str, ...] = ()
+
+    @property
+    def pipeline_by_hand(self) -> bool:
+        """Whether the ``pipeline`` option picks the pipeline (under
+        ``strategy="auto"`` it only sets what the searched pipelines keep:
+        batch_norm, allow_random, loss_reduction, portals)."""
+        return self.pipeline is not None and self.strategy != "auto"
 
     @property
     def whole_step(self) -> bool:
@@ -401,11 +410,17 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                       "mode='default', by stream replay", stacklevel=2)
     elif mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
         cuda_graphs = True
-    if strategy == "auto" and (placer is not None or pipeline is not None):
-        given = "placer" if placer is not None else "pipeline"
+    if strategy == "auto" and placer is not None:
         raise ConfigError(f"modelpar options: strategy='auto' searches the placers and pipelines "
-                          f"itself, but {given}={options[given]!r} picks one by hand; give one of "
-                          f"the two")
+                          f"itself, but placer={placer!r} picks one by hand; give one of the two")
+    searched = [k for k in given_pipeline if k in _SEARCHED_PIPELINE_KEYS]
+    if strategy == "auto" and searched:
+        raise ConfigError(f"modelpar options: strategy='auto' searches the pipelines' "
+                          f"{', '.join(_SEARCHED_PIPELINE_KEYS)} itself, but pipeline gives "
+                          f"{', '.join(searched)}; under strategy='auto' pipeline takes only "
+                          f"{', '.join(k for k in _PIPELINE_KEYS if k not in _SEARCHED_PIPELINE_KEYS)} "
+                          "(what every searched pipeline keeps), or pick the pipeline by hand "
+                          "without strategy='auto'")
     if autotune and strategy == "manual":
         if devices > 1 and placer is None and pipeline is None:
             strategy = "auto"

@@ -121,11 +121,22 @@ def machine_for_options(opts: Any) -> str | None:
     """``machine_for`` the options' executor device map; over a process group
     rank 0's profile, the same on every rank (Note [Measured once, planned
     everywhere] in distributed/first_rank.py)."""
+    # Note [Every core used] (runtime/executor.py): a worker of a plan over
+    # N devices gets threads // N intra-op threads; cost it at that count.
+    # Over ranks each process has its own threads and runs one device.
+    threads = 1 if opts.world else worker_threads(opts.devices)
     if not opts.world:
-        return machine_for(opts.executor_device_map)
+        return machine_for(opts.executor_device_map, threads)
     from ..distributed.first_rank import machine_on_ranks, measure_wait_s
-    return machine_on_ranks(lambda: machine_for(opts.executor_device_map), opts.process_group,
-                            measure_wait_s(opts.peer_timeout))
+    return machine_on_ranks(lambda: machine_for(opts.executor_device_map, threads),
+                            opts.process_group, measure_wait_s(opts.peer_timeout))
+
+
+def worker_threads(devices: int) -> int:
+    """Intra-op threads each of ``devices`` CPU workers gets: the process's
+    threads shared among them, at least one (Note [Every core used])."""
+    import torch
+    return max(1, torch.get_num_threads() // max(1, devices))
 
 
 def measures_nodes(device_map: str) -> bool:

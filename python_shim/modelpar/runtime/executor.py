@@ -15,7 +15,7 @@ from .. import _C
 from .._C import Program
 from .interpreter import RuntimeValue
 
-__all__ = ["Executor", "capture_issues", "cuda_devices_built"]
+__all__ = ["Executor", "capture_issues", "cuda_devices_built", "threads_per_worker"]
 
 Span = Optional[tuple[int, int]]
 
@@ -35,6 +35,22 @@ def outside_dispatch_modes(run: Callable[..., Any], *args: Any) -> Any:
         return run(*args)
     with _disable_current_modes():
         return run(*args)
+
+
+def threads_per_worker(program: Program, threads: int | None = None) -> int:
+    """Intra-op threads for each CPU worker running ``program``: the
+    process's ``threads`` (default ``torch.get_num_threads()``) shared among
+    the devices that compute, at least one each.
+
+    Note [Every core used]: a plan's workers share the cores the process
+    has, as eager PyTorch's one thread pool would use them all. A one-device
+    plan (``strategy="auto"`` may choose one on N devices) gets every thread,
+    so it runs as the plain one-device option does; N busy workers get
+    ``threads // N`` each (one each on a 2-core machine with 2 devices). The
+    calibrated CPU profile is measured at the same count
+    (profiles/cpu.py ``machine_for_options``)."""
+    total = torch.get_num_threads() if threads is None else threads
+    return max(1, total // max(1, program.computing_devices))
 
 
 def cuda_devices_built() -> bool:
