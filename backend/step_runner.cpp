@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "backend/device_options.h"
+#include "ir/random_ops.h"
 #include "runtime/check.h"
 #include "runtime/executor.h"
 #include "runtime/interpreter.h"
@@ -89,13 +90,17 @@ void StepRunner::planPipeline(const Options& o, const std::string& spec) {
   runtime::DeviceMap map = runtime::DeviceMap::parse(spec, devices_, /*threads_per_device=*/1);
   executor_ = std::make_unique<runtime::Executor>(plan.program, map);
   // Deferred batch norm normalises each micro-batch with its own statistics
-  // (torchgpipe's semantics): such a step is meant to differ from the
-  // captured one, so it is not checked against it.
-  bool batch_norm = false;
+  // (torchgpipe's semantics), and random ops (dropout, allowed by default as
+  // under torch.compile: allow_random) draw per micro-batch: such a step is
+  // meant to differ from the captured one, so it is not checked against it
+  // (checked, a dropout pipeline was refused at its first step by an error
+  // blaming a number computed from the batch size).
+  bool differs_by_design = false;
   for (const ir::Node& n : graph_.nodes()) {
-    batch_norm = batch_norm || n.op.find("batch_norm") != std::string::npos;
+    differs_by_design = differs_by_design || n.op.find("batch_norm") != std::string::npos ||
+                        ir::isRandomOp(n.op) || ir::isRandomOp(n.qualifiedName());
   }
-  if (!batch_norm) reference_ = std::make_unique<runtime::Interpreter>(graph_);
+  if (!differs_by_design) reference_ = std::make_unique<runtime::Interpreter>(graph_);
   runs_on_ = map.toString();
 #else
   (void)o;

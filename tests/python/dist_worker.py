@@ -32,6 +32,10 @@ Scenarios:
       ranks, placed ("none") or pipelined ("gpipe" / "1f1b"), after 2 SGD
       steps through the same compiled forward with "trained": tokens and
       logits equal eager.
+  state  a batch-norm MLP pipelined over the ranks: release_unowned refused
+      after inference-only steps, state dicts equal eager after inference,
+      after batch norm's in-place writes under no_grad, and after a training
+      step and release_unowned.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
   evaluate-elsewhere  the MLP trained through one compiled function and run
       under no_grad through another whose plan binds a parameter on the other
@@ -549,6 +553,66 @@ def loop(pattern: str, pipeline: str) -> None:
     _result(losses=losses)
 
 
+def state() -> None:
+    """Issue 36's state over ranks: a batch-norm MLP pipelined over the ranks
+    (stage s on rank s). After inference-only steps release_unowned is
+    refused (no home known) and gather_state_dict equals eager; a no_grad
+    step in train mode writes the running statistics on their rank, which
+    becomes their home (gathered from there); after a training step
+    release_unowned releases the other ranks' tensors and the state dicts
+    are what they were before it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32),
+                                torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    eager = copy.deepcopy(model)
+    opts = {"devices": "world", "strict": True, "peer_timeout": 8.0,
+            "pipeline": {"schedule": "gpipe", "microbatches": 2}}
+    fast = torch.compile(model, backend="modelpar", options=opts)
+    x = torch.randn(8, 16)
+    rank = dist.get_rank()
+
+    def same_state() -> bool | list[str] | None:
+        """True, or the entries that differ from eager's (on rank 0)."""
+        full = modelpar.gather_state_dict(model)
+        if rank != 0:
+            return None
+        want = eager.state_dict()
+        differ = [f"{n}: {float((full[n].float() - w.float()).abs().max()):.3g}"
+                  if n in full else f"{n}: missing" for n, w in want.items()
+                  if n not in full or not torch.allclose(full[n].float(), w.float(), atol=1e-5)]
+        return not differ or differ
+
+    model.eval()
+    eager.eval()
+    with torch.no_grad():
+        fast(x)
+    try:
+        modelpar.release_unowned(model)
+        refused = None
+    except modelpar.ConfigError as e:
+        refused = str(e)
+    after_inference = same_state()
+    model.train()
+    eager.train()
+    with torch.no_grad():  # batch norm writes its running statistics in place
+        fast(x)
+        eager(x)
+    after_writes = same_state()
+    # A training step (its micro-batches normalize by their own statistics,
+    # so the state is compared with the gathered state before the release).
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    fast(x).square().mean().backward()
+    opt.step()
+    trained = modelpar.gather_state_dict(model)
+    released = modelpar.release_unowned(model)
+    again = modelpar.gather_state_dict(model)
+    after_training = None if rank != 0 else list(again) == list(trained) and all(
+        torch.equal(again[n], trained[n]) for n in trained)
+    _result(refused=refused, after_inference=after_inference, after_writes=after_writes,
+            after_training=after_training, released=released,
+            shard=sorted(modelpar.owned_state_dict(model)))
+
+
 def main() -> None:
     backend = os.environ.get("MODELPAR_DIST_BACKEND", "gloo")
     if backend == "nccl":
@@ -573,6 +637,8 @@ def main() -> None:
             mismatch()
         elif scenario == "first-rank":
             first_rank()
+        elif scenario == "state":
+            state()
         else:
             raise SystemExit(f"unknown scenario {scenario}")
     except BaseException:

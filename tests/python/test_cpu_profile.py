@@ -133,3 +133,30 @@ def test_auto_times_the_step_on_copies_of_the_inputs(cache):
     assert 1.0 <= json.loads(rec.search_machine)["host_cores"] <= 2.0
     launch = rec.search_microbatch_launch_us
     assert set(launch) <= {2, 4, 8} and 2 in launch and all(v >= 0 for v in launch.values())
+
+
+def test_cpu_workers_share_the_hosts_memory(cache, monkeypatch, tmp_path):
+    # Issue 36: each CPU worker was planned with the host's whole memory, so
+    # a model needing more than the host has was planned on 2 workers and
+    # run. A host of 20 KiB gives each of 2 workers 10 KiB (Note [Memory
+    # shared by logical devices]); the MLP needs more than that on some
+    # device: PlanDoesNotFitError at compile time, before anything ran.
+    import json
+
+    import torch
+
+    from modelpar.planning.placement import calibrated_machine
+    from models import MLP
+    host = json.loads(calibrated_machine([(1e6, 1e6, 10.0), (2e6, 1e6, 15.0), (1e6, 4e6, 20.0)],
+                                         [(1e3, 5.0), (1e6, 100.0)], memory=20 << 10))
+    given = tmp_path / "host.json"
+    given.write_text(json.dumps(host))
+    monkeypatch.setenv("MODELPAR_CPU_PROFILE", str(given))
+    torch._dynamo.reset()
+    model = MLP()
+    fast = torch.compile(model, backend="modelpar", options={"strict": True, "devices": 2})
+    with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
+        fast(torch.randn(8, 16)).sum().backward()
+    assert isinstance(err.value.inner_exception, modelpar.PlanDoesNotFitError), err.value
+    assert "10.0 KiB" in str(err.value.inner_exception), err.value.inner_exception
+    assert all(p.grad is None for p in model.parameters())

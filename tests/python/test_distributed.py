@@ -395,6 +395,23 @@ def test_released_parameters_of_other_ranks_are_never_read(schedule: str) -> Non
         assert r["released"] == sum(v for n, v in sizes.items() if n not in r["owned"]), r
 
 
+def test_state_dicts_over_ranks_never_return_released_or_stale_entries() -> None:
+    # Issue 36: after inference-only steps release_unowned zeroed rank-1-homed
+    # tensors on rank 0, whose state dicts then returned the zeros; batch
+    # norm's running statistics written under no_grad on rank 1 were taken
+    # from rank 0's stale copy. Now release_unowned is refused until a
+    # training step fixed the homes, and each entry comes from its home.
+    results = _all_ok(_launch(2, "state"))
+    for r in results:
+        assert r["refused"] is not None and "run a training step" in r["refused"], r
+        assert r["released"] > 0, r
+    assert results[0]["after_inference"] is True, results[0]
+    assert results[0]["after_writes"] is True, results[0]
+    assert results[0]["after_training"] is True, results[0]
+    shards = [n for r in results for n in r["shard"]]
+    assert len(shards) == len(set(shards)) and len(shards) == 11, shards
+
+
 @pytest.mark.parametrize("case, schedule", [("mlp", "none"), ("mlp", "1f1b"),
                                             ("graph-breaks", "gpipe")])
 def test_trace_over_ranks_writes_one_file_per_rank(case: str, schedule: str, tmp_path,

@@ -30,6 +30,8 @@ import os
 import re
 import statistics
 import threading
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -44,25 +46,60 @@ __all__ = ["Plan", "GraphRecord", "plans", "clear_plans"]
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
 
+# Note [Bounded step times]: a plan records the wall time of every step, and
+# a training run makes millions; so it keeps the last STEP_TIMES_KEPT (the
+# median and the last step come from those) and a count and a sum of all
+# (the mean), a few kilobytes per plan however long the run.
+STEP_TIMES_KEPT = 1000
 
-@dataclass
+
 class GraphRecord:
-    """One captured graph of a plan."""
-    kind: str                   # "forward", "backward" or "inference"
-    graph: Graph | None         # None when it could not be imported
-    runs_on: str                # "modelpar" or "eager"
-    reason: str | None = None   # why it runs eagerly
-    compile_seconds: float = 0.0
-    #: With options devices > 1: the PlacementPlan it runs (placement, program,
-    #: simulated step); None on one device.
-    placement: object | None = None
-    #: The modelpar.Executor running it, when there is one; the summary shows
-    #: its replay status (stream replay, or CUDA graphs and why not).
-    executor: object | None = None
+    """One captured graph of a plan.
+
+    Note [Records do not keep executors]: ``modelpar.plans()`` lists every
+    graph compiled in the process, for as long as it lives, but the executor
+    of a graph (worker threads, a rank executor's hold on its process group,
+    graph replay's static buffers) belongs to the compiled code: when Dynamo
+    drops that code (``torch._dynamo.reset()``, the compiled function
+    collected, a recompile evicting it) the executor must go with it. So a
+    record holds its executor by a weak reference, and ``executor`` is None
+    once the compiled code is gone."""
+
+    def __init__(self, kind: str, graph: Graph | None, runs_on: str, reason: str | None = None,
+                 compile_seconds: float = 0.0, placement: object | None = None,
+                 executor: object | None = None) -> None:
+        self.kind = kind                  # "forward", "backward" or "inference"
+        self.graph = graph                # None when it could not be imported
+        self.runs_on = runs_on            # "modelpar" or "eager"
+        self.reason = reason              # why it runs eagerly
+        self.compile_seconds = compile_seconds
+        #: With options devices > 1: the PlacementPlan it runs (placement,
+        #: program, simulated step); None on one device.
+        self.placement = placement
+        self._executor: Callable[[], object | None] = lambda: None
+        self.executor = executor
+
+    @property
+    def executor(self) -> object | None:
+        """The modelpar.Executor running it, while the compiled code that
+        runs it lives (Note [Records do not keep executors]); the summary
+        shows its replay status (stream replay, or CUDA graphs and why not)."""
+        return self._executor()
+
+    @executor.setter
+    def executor(self, executor: object | None) -> None:
+        if executor is None:
+            self._executor = lambda: None
+        else:
+            self._executor = weakref.ref(executor)
 
     @property
     def text(self) -> str:
         return str(self.graph) if self.graph is not None else ""
+
+    def __repr__(self) -> str:
+        return (f"GraphRecord(kind={self.kind!r}, runs_on={self.runs_on!r}, "
+                f"reason={self.reason!r}, executor={self.executor!r})")
 
 
 @dataclass
@@ -112,9 +149,14 @@ class Plan:
     #: last search planned pipelines with (Note [The searched step]).
     search_microbatch_launch_us: dict[int, float] = field(default_factory=dict)
     pipeline_seconds: float = 0.0
-    #: Measured wall time of each completed step (forward + backward
-    #: executors, or the inference executor), microseconds, oldest first.
-    step_times_us: list[float] = field(default_factory=list)
+    #: Measured wall time of the last STEP_TIMES_KEPT completed steps
+    #: (forward + backward executors, or the inference executor),
+    #: microseconds, oldest first; every step is counted in ``steps_measured``
+    #: and ``mean_step_us`` (Note [Bounded step times]).
+    step_times_us: "collections.deque[float]" = field(
+        default_factory=lambda: collections.deque(maxlen=STEP_TIMES_KEPT))
+    steps_measured: int = 0
+    step_time_total_us: float = 0.0
     #: Where the last step's measured / simulated Chrome traces were written.
     trace_path: str | None = None
     simulated_trace_path: str | None = None
@@ -145,8 +187,14 @@ class Plan:
 
     @property
     def measured_median_us(self) -> float | None:
-        """The median of the measured steps (None before a step ran)."""
+        """The median of the last STEP_TIMES_KEPT measured steps (None
+        before a step ran)."""
         return statistics.median(self.step_times_us) if self.step_times_us else None
+
+    @property
+    def mean_step_us(self) -> float | None:
+        """The mean of every measured step (None before a step ran)."""
+        return self.step_time_total_us / self.steps_measured if self.steps_measured else None
 
     @property
     def placement(self) -> dict[str, int]:
@@ -176,7 +224,10 @@ class Plan:
         if kind == "backward" and self._pending_forward is not None:
             runs.insert(0, self._pending_forward)
         self._pending_forward = None
-        self.step_times_us.append(sum(e - s for s, e in runs) / 1e3)
+        took_us = sum(e - s for s, e in runs) / 1e3
+        self.step_times_us.append(took_us)
+        self.steps_measured += 1
+        self.step_time_total_us += took_us
         if trace is not None:
             simulated = self.joint if self.joint is not None else self.pipeline
             if simulated is None:
@@ -339,7 +390,8 @@ class Plan:
         if placed or self.joint is not None or self.pipeline is not None:
             if self.step_times_us:
                 lines.append(f"  measured step: {self.measured_step_us:.1f} us (last), median "
-                             f"{self.measured_median_us:.1f} us over {len(self.step_times_us)} "
+                             f"{self.measured_median_us:.1f} us over the last "
+                             f"{len(self.step_times_us)} "
                              f"step{'s' if len(self.step_times_us) != 1 else ''}")
             else:
                 lines.append("  measured step: not run yet")

@@ -107,6 +107,10 @@ class RankExecutor:
         self.timeout_s = timeout_s
         self.rank_now = dist.get_rank(group)
         self.input_devices = list(_C.input_devices(program))
+        # Note [One home table] (distributed/homes.py): which inputs are
+        # parameters or buffers, and which the program writes in place.
+        self.state_inputs = [role != "input" for role in _C.graph_input_roles(program.graph)]
+        self.written_inputs = list(_C.graph_written_inputs(program.graph))
         reverse = _reverse_group(group, self.backend)
         self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
@@ -138,7 +142,8 @@ class RankExecutor:
         if self._ex is None:
             raise ExecutionError("modelpar: this rank executor was closed (the process is exiting)")
         inputs = list(inputs)
-        homes.note_inputs(inputs, self.input_devices, self.rank_now, self.trains)
+        homes.note_inputs(inputs, self.input_devices, self.rank_now, self.trains,
+                          self.state_inputs, self.written_inputs)
         if homes.plan_only:  # Note [Planning without running] in distributed/materialize.py
             raise homes.Planned()
         try:

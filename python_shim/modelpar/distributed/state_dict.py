@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ExecutionError
 
 __all__ = ["owned_state_dict", "gather_state_dict"]
 
@@ -52,10 +52,28 @@ def _group(process_group: Any, who: str) -> tuple[Any, int, int]:
 
 
 def home_of(t: torch.Tensor) -> int:
-    """The rank whose copy of ``t`` is current; 0 for a tensor no step took."""
+    """The rank whose copy of ``t`` is current; 0 for a tensor no step updates."""
     from .homes import home_rank
     home = home_rank(t)
     return 0 if home is None else home
+
+
+def _current(name: str, t: torch.Tensor, rank: int, who: str) -> torch.Tensor:
+    """``t`` as this rank, its home, holds it.
+
+    Raises:
+        ExecutionError: this rank released ``t`` (release_unowned): its
+            values here are not the model's, and a state dict never returns
+            them.
+    """
+    from .homes import released
+    if released(t):
+        raise ExecutionError(
+            f"modelpar {who}: {name!r} is homed on rank {rank}, but rank {rank} released its "
+            "memory (release_unowned), so its values here are gone; this is a modelpar bug "
+            "(release_unowned keeps what a rank is home to): please report it, and save "
+            "before calling release_unowned meanwhile")
+    return t.detach()
 
 
 def owned_state_dict(module: torch.nn.Module, *, process_group: Any = None
@@ -69,7 +87,8 @@ def owned_state_dict(module: torch.nn.Module, *, process_group: Any = None
         ConfigError: not a module, or no initialised process group.
     """
     _, rank, _ = _group(process_group, "owned_state_dict")
-    return OrderedDict((n, t.detach()) for n, t in _entries(module) if home_of(t) == rank)
+    return OrderedDict((n, _current(n, t, rank, "owned_state_dict")) for n, t in _entries(module)
+                       if home_of(t) == rank)
 
 
 def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: Any = None,
@@ -100,7 +119,7 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
         first_of[id(t)] = name
         home = home_of(t)
         if rank == dst and home == dst:
-            out[name] = t.detach().to("cpu", copy=True)
+            out[name] = _current(name, t, rank, "gather_state_dict").to("cpu", copy=True)
         elif rank == dst:
             value = torch.empty(t.shape, dtype=t.dtype, device=wire_device(group))
             wait_for(dist.irecv(value, src=dist.get_global_rank(group, home), group=group,
@@ -108,7 +127,7 @@ def gather_state_dict(module: torch.nn.Module, dst: int = 0, *, process_group: A
                   f"gather_state_dict: receiving {name} from rank {home}")
             out[name] = value.cpu()
         elif rank == home:
-            data = t.detach().contiguous().to(wire_device(group))
+            data = _current(name, t, rank, "gather_state_dict").contiguous().to(wire_device(group))
             wait_for(dist.isend(data, dst=dist.get_global_rank(group, dst), group=group,
                              tag=index), timeout_s,
                   f"gather_state_dict: sending {name} to rank {dst}")

@@ -32,6 +32,9 @@ Example::
 
 from __future__ import annotations
 
+import collections
+import hashlib
+import json
 import os
 import platform
 import re
@@ -44,7 +47,7 @@ from .cache import cache_dir, write_profile
 from .calibration import Target, calibrate, profile_from_env
 
 __all__ = ["cpu_profile_path", "calibrate_cpu", "cpu_model_name", "machine_for",
-           "machine_for_options", "measures_nodes"]
+           "machine_for_options", "measures_nodes", "sharing", "per_logical_device"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
 _VERSION = 4  # 2: send_overhead_us, worker_overhead_us; 3: waits spin first (hand-off);
@@ -117,16 +120,57 @@ def machine_for(device_map: str, threads: int = 1) -> str | None:
     return cuda_profile_path(device_map)
 
 
+def sharing(device_map: str, devices: int) -> int:
+    """Note [Memory shared by logical devices]: how many logical devices share
+    one physical device's memory under ``device_map``: every CPU worker the
+    host's (``"cpu-workers"``), every logical device one GPU's for a map of
+    one GPU (Note [Logical devices share their GPU] in profiles/cuda.py), and
+    for a list the most entries naming the same GPU."""
+    if device_map == "cpu-workers" or "," not in device_map:
+        return max(int(devices), 1)
+    counts = collections.Counter(entry.strip() for entry in device_map.split(","))
+    return max(counts.values())
+
+
+# Note [Memory shared by logical devices]: a machine profile describes one
+# physical device (the CPU with the host's memory, a GPU with its own), which
+# the planners replicate to as many logical devices as they plan for. Logical
+# devices on one physical device share its memory, so each is planned with
+# its share: the profile is rewritten with memory_bytes divided by the
+# number that share it (a variant file beside it). Planned with the whole
+# memory each, N CPU workers could be given N times the host's memory and a
+# plan that cannot run was accepted. The ``memory`` option still sets each
+# logical device's capacity as given.
+def per_logical_device(path: str | None, parts: int) -> str | None:
+    """The profile at ``path`` with each device's memory divided by
+    ``parts`` (Note [Memory shared by logical devices]); ``path`` itself for
+    one part or no profile."""
+    if path is None or parts <= 1:
+        return path
+    base = Path(path)
+    profile = json.loads(base.read_text())
+    for device in profile.get("devices", []):
+        device["memory_bytes"] = max(int(device["memory_bytes"]) // parts, 1)
+    text = json.dumps(profile, indent=2)
+    variant = cache_dir() / f"{base.stem}-per{parts}-{hashlib.sha256(text.encode()).hexdigest()[:12]}.json"
+    if not variant.is_file():
+        write_profile(variant, text)
+    return str(variant)
+
+
 def machine_for_options(opts: Any) -> str | None:
-    """``machine_for`` the options' executor device map; over a process group
-    rank 0's profile, the same on every rank (Note [Measured once, planned
-    everywhere] in distributed/first_rank.py)."""
-    # Note [Every core used] (runtime/executor.py): a worker of a plan over
-    # N devices gets threads // N intra-op threads; cost it at that count.
+    """``machine_for`` the options' executor device map, costed at the
+    threads a worker gets (Note [Every core used] in runtime/executor.py)
+    and each logical device with its share of the physical device's memory
+    (Note [Memory shared by logical devices]); over a process group rank
+    0's profile, the same on every rank (Note [Measured once, planned
+    everywhere] in distributed/first_rank.py), each rank a device of its
+    own."""
     # Over ranks each process has its own threads and runs one device.
     threads = 1 if opts.world else worker_threads(opts.devices)
     if not opts.world:
-        return machine_for(opts.executor_device_map, threads)
+        return per_logical_device(machine_for(opts.executor_device_map, threads),
+                                  sharing(opts.executor_device_map, opts.devices))
     from ..distributed.first_rank import machine_on_ranks, measure_wait_s
     return machine_on_ranks(lambda: machine_for(opts.executor_device_map, threads),
                             opts.process_group, measure_wait_s(opts.peer_timeout))
