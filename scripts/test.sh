@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: builds (scripts/build.sh), checks that the CUDA
+# Runs the whole test suite: builds (scripts/build.sh), builds the manual
+# strictly (scripts/docs.sh: a broken link or stale reference fails), checks that the CUDA
 # code compiles (scripts/check_cuda_build.sh; MODELPAR_SKIP_CUDA_CHECK=1 skips
 # it), then the C++ unit tests (ctest) and the Python tests (pytest). Exits
 # non-zero if anything fails.
@@ -14,6 +15,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/build.sh
+bash scripts/docs.sh
 build="${BUILD_DIR:-build}"
 # The CUDA code has no GPU here: compile and link it against the CUDA wheel so
 # it cannot rot (first run ~5 min incl. the venv, then seconds; see the script).
