@@ -10,7 +10,7 @@
 # (scripts/fuzz_parser.sh 30): about 3.5 min with a cold ccache, 1.3 min warm.
 # MODELPAR_HARDENING=full adds the passes/ tests under ASan+UBSan (about 6 more
 # minutes to build cold on 2 cores, so not in CI); MODELPAR_HARDENING=0 skips
-# all. Times are in bench/RESULTS.md ("Sanitizers and fuzzing").
+# all. Times are in bench/history/2026-11.md ("Sanitizers and fuzzing").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
