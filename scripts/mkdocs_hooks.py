@@ -4,21 +4,24 @@
    docs/options.md is replaced by scripts/gen_options_doc.py's tables, made
    from the option definition at every build (needs the built package on
    PYTHONPATH, as scripts/docs.sh sets it).
-2. Stale references fail the build: a warning (an error under ``mkdocs build
-   --strict``) for every inline code span that names a file of this
-   repository that does not exist (``passes/place/place_metf.cpp``,
-   ``compile/pipeline_step.py`` below python_shim/modelpar/, a bare
-   ``fx_import.py``), and for every ``Note [Title]`` that no source file
-   defines, and for every ``modelpar.name.name`` that does not resolve in the
-   built package or resolves only through a deprecated alias. MkDocs itself
-   checks the links between pages and their anchors; mkdocstrings, the API
-   page's objects and their documented parameters.
+2. Stale references fail the build. A warning (an error under ``mkdocs build
+   --strict``) for every
+   - inline code span naming a file of this repository that does not exist
+     (``passes/place/place_metf.cpp``, ``compile/pipeline_step.py`` below
+     python_shim/modelpar/, a bare ``fx_import.py``);
+   - ``Note [Title]`` that no source file defines;
+   - ``modelpar.name.name`` that does not resolve in the built package, or
+     resolves only through a deprecated alias;
+   - ``test_file.py::test_name`` or `` `Suite.Name` `` that names no test.
+   MkDocs itself checks the links between pages and their anchors;
+   mkdocstrings, the API page's objects and their documented parameters.
 """
 from __future__ import annotations
 
 import functools
 import importlib.util
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -41,6 +44,8 @@ _SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _FENCE = re.compile(r"^( *)(```|~~~).*?^\1\2", re.M | re.S)
 _NOTE = re.compile(r"Note\s+\[([^\]]+)\]")
 _PATHLIKE = re.compile(r"[A-Za-z0-9_.*/-]+")
+_PYTEST = re.compile(r"(?:tests/python/)?(test_\w+\.py)::(\w+)")
+_GTEST = re.compile(r"`([A-Z]\w+)\.([A-Z]\w+)`")
 _PYNAME = re.compile(r"(?<![\w/.])modelpar(?:\.[A-Za-z_]\w*)+")
 
 
@@ -59,14 +64,15 @@ def _basenames() -> frozenset[str]:
 
 @functools.lru_cache(maxsize=None)
 def _source_files() -> tuple[Path, ...]:
-    skip = {".git", ".venv", "site", "node_modules"}
+    """Every file of the checkout, without build folders, the venv, the
+    built site and git's own."""
     out = []
-    for p in ROOT.rglob("*"):
-        rel = p.relative_to(ROOT).parts
-        if rel and (rel[0] in skip or rel[0].startswith("build")):
-            continue
-        if p.is_file():
-            out.append(p)
+    for folder, dirs, files in os.walk(ROOT):
+        if Path(folder) == ROOT:
+            dirs[:] = [d for d in dirs if d not in {".git", ".venv", "site"}
+                       and not d.startswith("build")]
+        dirs[:] = [d for d in dirs if d not in {"__pycache__", ".pytest_cache"}]
+        out.extend(Path(folder, f) for f in files)
     return tuple(out)
 
 
@@ -95,6 +101,23 @@ def _path_exists(path: str) -> bool:
         elif (ROOT / candidate).exists():
             return True
     return False
+
+
+@functools.lru_cache(maxsize=None)
+def _gtests() -> frozenset[str]:
+    """``Suite.Name`` of every GoogleTest test in tests/, and of every ctest
+    test added by name (``add_test(NAME Suite.Name ...)``)."""
+    found = {"Suite.Name"}  # how errors.md spells the pattern
+    for p in _source_files():
+        if p.name == "CMakeLists.txt":
+            found.update(re.findall(r"add_test\(\s*NAME\s+([\w.]+)", p.read_text()))
+    for p in _source_files():
+        if p.suffix != ".cpp" or p.relative_to(ROOT).parts[0] != "tests":
+            continue
+        text = p.read_text(errors="replace")
+        for suite, name in re.findall(r"\bTEST(?:_F|_P)?\(\s*(\w+)\s*,\s*(\w+)\s*\)", text):
+            found.add(f"{suite}.{name}")
+    return frozenset(found)
 
 
 @functools.lru_cache(maxsize=None)
@@ -127,6 +150,15 @@ def _python_name_problem(name: str) -> str | None:
 
 
 def _check_references(markdown: str, where: str) -> None:
+    for suite, name in sorted(set(_GTEST.findall(markdown))):
+        if f"{suite}.{name}" not in _gtests():
+            log.warning("%s: no C++ test %s.%s in tests/", where, suite, name)
+    for file, test in sorted(set(_PYTEST.findall(markdown))):
+        path = ROOT / "tests" / "python" / file
+        if not path.exists():
+            log.warning("%s: tests/python/%s does not exist", where, file)
+        elif not re.search(rf"^\s*(async )?def {re.escape(test)}\b", path.read_text(), re.M):
+            log.warning("%s: %s has no test %s", where, file, test)
     for name in sorted(set(_PYNAME.findall(markdown))):
         if name.endswith((".h", ".py", ".cpp")) or ".." in name:
             continue
