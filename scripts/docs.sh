@@ -19,5 +19,5 @@ if [ ! -d "$pkg/modelpar" ]; then
 fi
 start=$(date +%s)
 PYTHONPATH="$pkg" MODELPAR_PYTHON_DIR="$pkg" NO_MKDOCS_2_WARNING=1 \
-  "$root/.venv/bin/python" -m mkdocs build --strict --quiet --site-dir "$root/site"
+  "$root/.venv/bin/python" -m mkdocs build --strict --site-dir "$root/site"
 echo "modelpar docs: site/ built in $(( $(date +%s) - start )) s"
