@@ -36,8 +36,8 @@ OPTION_DOCS: dict[str, str] = {
         "the zoo too (m-ETF, GPipe, 1F1B, `strategy=\"auto\"`). Not over a process group yet."),
     "placer": (
         "Baechi's placer for `devices` > 1: `\"m-topo\"`, `\"m-etf\"` or `\"m-sct\"` (None: m-etf; see "
-        "[Placement](placement.md)). With `devices=1` it is a `ConfigError`; not with `pipeline` or "
-        "`strategy=\"auto\"`."),
+        "[Placement](placement.md)). With `devices=1`, or with `strategy=\"auto\"` (which "
+        "searches the placers itself), it is a `ConfigError`."),
     "memory": (
         "None, or the bytes per device (an int, or a size such as `\"16GiB\"`, `\"512MiB\"`, "
         "`\"1.5GB\"`). The plan must fit: a step that does not raises `PlanDoesNotFitError` naming "
@@ -93,10 +93,15 @@ OPTION_DOCS: dict[str, str] = {
         "`\"manual\"`: the options as given pick the plan. `\"auto\"`: the one-device plan, each "
         "placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) are "
         "simulated at each batch size's first call and the fastest that fits runs (see "
-        "[Strategy search](strategy.md)); `plans()[-1].candidates` lists them. It never defers "
-        "training-mode batch norm; its pipelines draw dropout per micro-batch. Not with `placer` "
-        "or `pipeline`; over a process group rank 0 measures and every rank searches on its "
-        "numbers (the one-device plan left out). `mode=\"max-autotune\"` means `\"auto\"`."),
+        "[Strategy search](strategy.md)); `plans()[-1].candidates` lists them. On the first "
+        "steps the chosen plan is timed against the one-device plan, which is kept only when "
+        "every one of its steps was faster. Its pipelines keep the `pipeline` option's defaults "
+        "(training-mode batch norm deferred, with a warning when such a pipeline is chosen; "
+        "dropout drawn per micro-batch). Not with `placer`; `pipeline` may then give only "
+        "`batch_norm`, `allow_random`, `loss_reduction` and `portals` "
+        "(`{\"batch_norm\": \"refuse\"}` keeps eager's statistics). Over a process group rank 0 "
+        "measures and every rank searches on its numbers (the one-device plan left out). "
+        "`mode=\"max-autotune\"` means `\"auto\"`."),
     "process_group": (
         "None or a `torch.distributed.ProcessGroup`: plan over this group's ranks (`devices`, when "
         "a count, must equal its size). None with `devices=\"world\"`: the default group."),
