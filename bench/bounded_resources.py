@@ -2,7 +2,7 @@
 changing batch sizes (issue 12: bounded resources).
 
 A compiled pipelined step keeps one pipelined program and its executors
-(worker threads) per batch size, at most compile_pipeline.MAX_BATCH_SIZES of
+(worker threads) per batch size, at most compile/pipeline_step.py's MAX_BATCH_SIZES of
 them (least recently used dropped). This runs STEPS steps of a small MLP
 under ``options={"devices": 2, "pipeline": {...}}`` with the batch size drawn
 from SIZES distinct values (more than the cache holds), and prints resident

@@ -3,7 +3,7 @@
 Each test model (tests/python/models.py) is compiled with
 ``torch.compile(backend="modelpar", options={"devices": 2})``; its joint
 forward + backward graph (``modelpar.plans()[-1].joint``) is profiled node by
-node on a CPU worker (``modelpar.profile_graph``: measured times), cut into a
+node on a CPU worker (``modelpar.planning.placement.profile_graph``: measured times), cut into a
 layer chain (``modelpar._C.layer_chain``) and partitioned by each method
 (torchgpipe's balance by time, PipeDream's DP, MadPipe's DP) under 1F1B* at
 several memory limits. The table gives each method's period (the steady

@@ -19,7 +19,7 @@ What it does:
    squares, non-negative) into a one-device profile; ``plan_graph``
    replicates it to N devices. Transfers also pay a fixed hand-off of
    ``--handoff-us`` (default 20 us: the executor's measured send → clone →
-   recv host cost, bench/RESULTS.md issue 5 section) on top of the fitted
+   recv host cost, bench/RESULTS.md, executor_overhead.py) on top of the fitted
    latency. Memory per device: ``--memory`` (default 4 GiB; the models need
    kilobytes to megabytes, so memory never binds here).
 2. For each model of tests/python/models.py: ``torch.compile(backend=

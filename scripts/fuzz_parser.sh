@@ -11,7 +11,7 @@
 # build-fuzz/corpus/ (reused by the next run), writes a crashing input to
 # build-fuzz/crash-* and exits non-zero. Replay one:
 #   build-fuzz/tests/fuzz/ir_parser_fuzz build-fuzz/crash-<sha1>
-# Results are in bench/RESULTS.md ("IR parser under libFuzzer").
+# Results are in bench/history/2026-11.md ("IR parser under libFuzzer").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"

@@ -25,7 +25,7 @@ first: each is on its owner only). A case ends as one of
 
 and the script exits 1 if any case is a MISMATCH or a CRASH. The same seed
 draws the same cases on every rank. Tests cover each bug this found (see
-bench/RESULTS.md, "Option combinations end to end"); this is the search.
+bench/history/2026-11.md, "Option combinations end to end"); this is the search.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@
 #               code is instrumented, libtorch is not; known reports from inside
 #               libtorch are suppressed (scripts/sanitizers/*.supp, each line
 #               says why; none are needed today), nothing in modelpar code is.
-# Times per phase are printed. Results are in bench/RESULTS.md ("Sanitizers
+# Times per phase are printed. Results are in bench/history/2026-11.md ("Sanitizers
 # and fuzzing"). scripts/test.sh runs `asan ir` in CI (MODELPAR_HARDENING).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"

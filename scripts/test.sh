@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs the whole test suite: builds (scripts/build.sh), checks that the CUDA
+# Runs the whole test suite: builds (scripts/build.sh), builds the manual
+# strictly (scripts/docs.sh: a broken link or stale reference fails), checks that the CUDA
 # code compiles (scripts/check_cuda_build.sh; MODELPAR_SKIP_CUDA_CHECK=1 skips
 # it), then the C++ unit tests (ctest) and the Python tests (pytest). Exits
 # non-zero if anything fails.
@@ -9,11 +10,12 @@
 # (scripts/fuzz_parser.sh 30): about 3.5 min with a cold ccache, 1.3 min warm.
 # MODELPAR_HARDENING=full adds the passes/ tests under ASan+UBSan (about 6 more
 # minutes to build cold on 2 cores, so not in CI); MODELPAR_HARDENING=0 skips
-# all. Times are in bench/RESULTS.md ("Sanitizers and fuzzing").
+# all. Times are in bench/history/2026-11.md ("Sanitizers and fuzzing").
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 bash scripts/build.sh
+bash scripts/docs.sh
 build="${BUILD_DIR:-build}"
 # The CUDA code has no GPU here: compile and link it against the CUDA wheel so
 # it cannot rot (first run ~5 min incl. the venv, then seconds; see the script).

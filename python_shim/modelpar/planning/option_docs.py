@@ -1,0 +1,119 @@
+"""What each option of ``torch.compile(model, backend="modelpar", options={...},
+mode=...)`` does, one entry per key (``pipeline.<key>`` for the keys of the
+``pipeline`` dict, ``mode`` for torch.compile's mode). Plain data, no imports:
+the defaults come from ``options.CompileOptions`` and ``options.pipeline_options``,
+the valid names from ``option_names`` (passes/option_names.h), and
+``scripts/gen_options_doc.py`` joins the three into docs/options.md, failing
+when a key has no entry here or an entry names no key.
+"""
+
+OPTION_DOCS: dict[str, str] = {
+    "strict": (
+        "A graph the runtime cannot run is an error (`UnsupportedOpError`) instead of running "
+        "eagerly with a one-time warning naming what it could not import."),
+    "dump_dir": (
+        "A folder path, or None. Each captured graph's IR text is written there (the FX code of a "
+        "graph that runs eagerly). Not given: `$MODELPAR_DUMP_DIR`, if set."),
+    "partitioner": (
+        "AOTAutograd's forward/backward split: `\"default\"` or `\"min_cut\"`, which recomputes "
+        "cheap forward ops in the backward (phase `recompute`). In a pipeline such a step runs "
+        "`checkpoint=\"never\"` unless a mode is given, which is then a `ConfigError` (a graph is "
+        "checkpointed once)."),
+    "devices": (
+        "An int from 1 to 64, or `\"world\"`: one logical device per rank of the torch.distributed "
+        "process group (see [Several processes](distributed.md)). With N >= 2 the forward and "
+        "backward graphs are planned as one (passes' planJoint: a layer's backward on its "
+        "forward's device, saved activations where they were made, each gradient on its "
+        "parameter's device) and each runs on the multi-device executor, on CPU worker devices by "
+        "default. Under `mode=\"max-autotune\"` (no options) it is one CPU worker per core."),
+    "device_map": (
+        "None or `\"cpu\"` (one CPU worker thread per logical device), `\"cuda\"` (device i on "
+        "`cuda:i`), `\"cuda:K\"` (every logical device on one GPU, each with its own streams), or a "
+        "list of `\"cuda:K\"`, one per device. CUDA maps need a CUDA build of modelpar on a machine "
+        "with a GPU, otherwise a `ConfigError` says which is missing. On one H100, training on 2 "
+        "and 4 logical devices of `cuda:0` equals eager (m-ETF and 1F1B; a CPU model gets its "
+        "outputs and gradients back on the CPU); on one H200, the twelve transformers models of "
+        "the zoo too (m-ETF, GPipe, 1F1B, `strategy=\"auto\"`). Not over a process group yet."),
+    "placer": (
+        "Baechi's placer for `devices` > 1: `\"m-topo\"`, `\"m-etf\"` or `\"m-sct\"` (None: m-etf; see "
+        "[Placement](placement.md)). With `devices=1`, or with `strategy=\"auto\"` (which "
+        "searches the placers itself), it is a `ConfigError`."),
+    "memory": (
+        "None, or the bytes per device (an int, or a size such as `\"16GiB\"`, `\"512MiB\"`, "
+        "`\"1.5GB\"`). The plan must fit: a step that does not raises `PlanDoesNotFitError` naming "
+        "layer, device and bytes at the first call, before anything runs."),
+    "pipeline": (
+        "None, or a dict of the `pipeline.*` keys below: pipeline parallelism over `devices` (see "
+        "[Pipelines](pipelines.md)). The training step is micro-batched, cut into stages and run "
+        "as one pipelined program per batch size; a static batch is traced again as a symbolic "
+        "one (no `mark_dynamic` needed). A graph with fewer layers than devices (a piece a graph "
+        "break left) is placed by m-ETF instead, and 1F1B of a graph that does not return the "
+        "loss runs fill-drain, each with a warning."),
+    "pipeline.microbatches": "Micro-batches per step, an int >= 1; sizes follow `torch.chunk`.",
+    "pipeline.schedule": (
+        "`\"gpipe\"` (fill-drain in torchgpipe's clock order), `\"1f1b\"`, or `\"1f1b*\"` (MadPipe's "
+        "in-flight counts). Not given: `\"gpipe\"`, or `\"1f1b*\"` with `partition=\"madpipe\"`. 1F1B "
+        "needs the loss inside the compiled function."),
+    "pipeline.partition": (
+        "How layers are cut into stages: `\"balance-time\"`, `\"balance-size\"` (torchgpipe), "
+        "`\"balance-time-comm\"` (PipeDream's DP; formerly `\"pipedream\"`, which now names the new "
+        "name), `\"madpipe\"` (memory-aware DP; only with schedule `\"1f1b*\"`)."),
+    "pipeline.checkpoint": (
+        "`\"always\"`, `\"except_last\"` (torchgpipe's default) or `\"never\"`. Not given: "
+        "`\"except_last\"`, or `\"never\"` for a model that checkpoints itself (then a mode asked "
+        "for by name is a `ConfigError`)."),
+    "pipeline.portals": (
+        "Skip values go straight to their readers (True) or are relayed stage by stage, as "
+        "torchgpipe without portals (False)."),
+    "pipeline.batch_norm": (
+        "`\"deferred\"`: torchgpipe's DeferredBatchNorm (each micro-batch normalised with its own "
+        "statistics, running statistics from the whole batch); `\"refuse\"`: training-mode batch "
+        "norm is an error that says where it is."),
+    "pipeline.allow_random": (
+        "True: dropout and the other element-wise random ops draw per micro-batch, reproducible "
+        "under `torch.manual_seed`; False refuses them (for a step that must equal eager bit for "
+        "bit). A permutation (`randperm`) is refused either way."),
+    "pipeline.loss_reduction": (
+        "How micro-batch losses combine: `\"auto\"` (found from the graph), `\"mean\"` or `\"sum\"`."),
+    "cuda_graphs": (
+        "After one warm-up step each executor captures its program into CUDA Graphs and replays "
+        "them. A program that cannot be captured runs stream replay and `print(plan)` says why; "
+        "CPU worker devices always take that path (the same static-buffer protocol, tested in "
+        "CI). On an H100 graph-replayed training equals eager. A graph with a dynamic batch keeps "
+        "one capture per input signature (batch size), at most 8, like torch's CUDA graph trees. "
+        "Not over a process group yet."),
+    "trace": (
+        "None or a file path (`step.json`). After every step the measured Chrome trace (forward "
+        "then backward executor) is written there and the simulated one beside it "
+        "(`step.simulated.json`, also for the plan `strategy=\"auto\"` chose), the folder made if "
+        "missing. Over a process group one file per rank (`step.rank<r>.json`), the simulated one "
+        "by rank 0. A model cut by graph breaks gets one file for the whole step (see "
+        "[Traces and plots](traces.md))."),
+    "strategy": (
+        "`\"manual\"`: the options as given pick the plan. `\"auto\"`: the one-device plan, each "
+        "placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) are "
+        "simulated at each batch size's first call and the fastest that fits runs (see "
+        "[Strategy search](strategy.md)); `plans()[-1].candidates` lists them. On the first "
+        "steps the chosen plan is timed against the one-device plan, which is kept only when "
+        "every one of its steps was faster. Its pipelines keep the `pipeline` option's defaults "
+        "(training-mode batch norm deferred, with a warning when such a pipeline is chosen; "
+        "dropout drawn per micro-batch). Not with `placer`; `pipeline` may then give only "
+        "`batch_norm`, `allow_random`, `loss_reduction` and `portals` "
+        "(`{\"batch_norm\": \"refuse\"}` keeps eager's statistics). Over a process group rank 0 "
+        "measures and every rank searches on its numbers (the one-device plan left out). "
+        "`mode=\"max-autotune\"` means `\"auto\"`."),
+    "process_group": (
+        "None or a `torch.distributed.ProcessGroup`: plan over this group's ranks (`devices`, when "
+        "a count, must equal its size). None with `devices=\"world\"`: the default group."),
+    "peer_timeout": (
+        "Seconds (a number > 0), only with a process group: how long a rank waits for a transfer "
+        "with another rank before it raises `ExecutionError` naming the rank that failed."),
+    "mode": (
+        "torch.compile's `mode=`. `\"default\"`; `\"max-autotune\"` and "
+        "`\"max-autotune-no-cudagraphs\"` mean `strategy=\"auto\"` with `devices` one CPU worker per "
+        "core (torch.compile takes a mode or options, not both; with one device, or with `placer` "
+        "or `pipeline` given, there is nothing to search and a warning says so); "
+        "`\"reduce-overhead\"` means `cuda_graphs=True` (over a process group, which has no graph "
+        "replay yet, a warning says so and the step runs by stream replay; `cuda_graphs=True` "
+        "asked for by name there is a `ConfigError`)."),
+}
