@@ -174,8 +174,12 @@ def test_options_strategy_and_max_autotune(monkeypatch):
         o = modelpar.planning.options.resolve_options({"devices": 2, "placer": "m-sct"}, "max-autotune")
     assert o.strategy == "manual" and o.placer == "m-sct"
     with pytest.raises(modelpar.ConfigError, match="strategy='auto' searches .* but "
-                                                   "pipeline=.* picks one by hand"):
-        modelpar.planning.options.resolve_options({"devices": 2, "strategy": "auto", "pipeline": {}})
+                                                   "placer='m-etf' picks one by hand"):
+        modelpar.planning.options.resolve_options({"devices": 2, "strategy": "auto", "placer": "m-etf"})
+    with pytest.raises(modelpar.ConfigError, match="strategy='auto' searches the pipelines' "
+                                                   "microbatches.* but pipeline gives microbatches"):
+        modelpar.planning.options.resolve_options({"devices": 2, "strategy": "auto",
+                                                   "pipeline": {"microbatches": 4}})
     with pytest.raises(modelpar.ConfigError, match="strategy='fast' is not valid; strategy "
                                                    "takes one of 'manual', 'auto'"):
         modelpar.planning.options.resolve_options({"devices": 2, "strategy": "fast"})

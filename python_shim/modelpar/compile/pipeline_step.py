@@ -59,7 +59,7 @@ import torch.fx
 
 from .. import _C
 from ..profiles.cpu import machine_for_options
-from ..errors import ConfigError, ExecutionError
+from ..errors import ConfigError, ExecutionError, PlanDoesNotFitError
 from ..planning.options import CompileOptions, pipeline_options
 from .graph_breaks import last_graph_break, warn_once
 from .plan_guard import PlanGuard
@@ -330,7 +330,10 @@ class PipelineStep:
         self.built[batch] = built
         self.guards.pop(batch, None)
         if search is not None and self._guarded(search):
-            self.guards[batch] = PlanGuard(built, self._one_device(batch, machine))
+            try:
+                self.guards[batch] = PlanGuard(built, self._one_device(batch, machine))
+            except PlanDoesNotFitError:
+                pass  # a pruned one-device plan that does not fit: nothing to compare
         while len(self.built) > MAX_BATCH_SIZES:
             dropped, _ = self.built.popitem(last=False)
             self.record.pipeline_batches.pop(dropped, None)
@@ -381,8 +384,11 @@ class PipelineStep:
         if self.opts.world or self.mode != "step" or self.graph_kind != "training":
             return False
         chosen = search.candidates[search.chosen]
+        # "pruned": its bound could not beat the best simulated; the guard
+        # measures what the simulation could only bound.
         return chosen["kind"] != "one-device" and any(
-            c["kind"] == "one-device" and c["status"] == "ok" for c in search.candidates)
+            c["kind"] == "one-device" and c["status"] in ("ok", "pruned")
+            for c in search.candidates)
 
     def _one_device(self, batch: int, machine: str | None) -> _Built:
         """The step on one device, every core its worker's (Note [Every core
