@@ -34,12 +34,23 @@ skip() {
 
 [ -x "$cuda/bin/nvcc" ] || skip "no nvcc at $cuda/bin/nvcc (set CUDA_HOME)"
 
+# Note [One environment per machine] (scripts/setup.sh): .venv-cuda links to
+# one per machine under the user's cache, unless MODELPAR_VENV=local.
+if [ ! -e "$venv" ] && [ "${MODELPAR_VENV:-shared}" != local ]; then
+  shared="${XDG_CACHE_HOME:-$HOME/.cache}/modelpar/venv-cuda-${PYTHON:-python3.11}"
+  mkdir -p "$(dirname "$shared")"
+  ln -s "$shared" "$venv"
+fi
+lock="${XDG_CACHE_HOME:-$HOME/.cache}/modelpar/cuda-setup.lock"
+mkdir -p "$(dirname "$lock")"
+exec 8>"$lock"
+flock 8
 stamp="$venv/.modelpar-cuda-deps-v2"
 if [ ! -f "$stamp" ]; then
   echo "modelpar cuda check: creating $venv with $torch_spec (CUDA wheel, several GB)"
   py="${PYTHON:-python3.11}"
   command -v "$py" >/dev/null || py=python3
-  [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
+  [ -x "$venv/bin/python" ] || "$py" -m venv "$(readlink -f "$venv" 2>/dev/null || echo "$venv")"
   "$venv/bin/pip" install -q "$torch_spec" numpy cmake ninja 2>&1 | grep -v "^WARNING: Location" ||
     true
   "$venv/bin/python" -c "import torch; assert torch.version.cuda, torch.__version__" ||

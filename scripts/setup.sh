@@ -23,9 +23,24 @@ fi
 venv="$root/.venv"
 py="${PYTHON:-python3.11}"
 command -v "$py" >/dev/null || py=python3
+# Note [One environment per machine]: a fresh clone's .venv is a link to one
+# environment per machine and Python version under the user's cache (torch,
+# transformers and the rest take minutes to install; a second clone, CI's
+# clean clone on the same machine, reuses them). MODELPAR_VENV=local makes a
+# real .venv in the checkout instead. A lock keeps two clones setting up at
+# once from installing into it together.
+if [ ! -e "$venv" ] && [ "${MODELPAR_VENV:-shared}" != local ]; then
+  shared="${XDG_CACHE_HOME:-$HOME/.cache}/modelpar/venv-$("$py" -c 'import sys; print("py%d.%d" % sys.version_info[:2])')"
+  mkdir -p "$(dirname "$shared")"
+  ln -s "$shared" "$venv"
+fi
+lock="${XDG_CACHE_HOME:-$HOME/.cache}/modelpar/setup.lock"
+mkdir -p "$(dirname "$lock")"
+exec 9>"$lock"
+flock 9
 if [ ! -x "$venv/bin/python" ]; then
-  echo "modelpar setup: creating $venv"
-  "$py" -m venv "$venv"
+  echo "modelpar setup: creating $venv$([ -L "$venv" ] && echo " -> $(readlink "$venv")")"
+  "$py" -m venv "$(readlink -f "$venv" 2>/dev/null || echo "$venv")"
 fi
 # Bump the stamp when the list changes, so that existing venvs get the new packages.
 stamp="$venv/.modelpar-deps-v6"
@@ -44,4 +59,5 @@ if [ ! -f "$stamp" ]; then
     "mkdocs-material==9.8.2" "mkdocstrings[python]==1.0.8" "mkdocstrings-python==2.0.11"
   touch "$stamp"
 fi
+flock -u 9
 echo "modelpar setup: ready ($("$venv/bin/python" -c 'import torch; print("torch", torch.__version__)'))"

@@ -23,7 +23,17 @@ if [ "${MODELPAR_SKIP_CUDA_CHECK:-0}" != 1 ]; then
   bash scripts/check_cuda_build.sh
 fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
-PYTHONPATH="$root/$build/python" "$root/.venv/bin/python" -m pytest tests/python -q
+# Two pytest workers (pytest-xdist) by default: most of a test's time is
+# Dynamo and AOTAutograd tracing in one Python thread, so two workers use
+# both cores; MODELPAR_TEST_WORKERS=0 runs in this process. The slowest
+# tests are listed at the end (bench/RESULTS.md, "The test suite's time").
+workers="${MODELPAR_TEST_WORKERS:-$(nproc)}"
+xdist=()
+if [ "$workers" != 0 ] && "$root/.venv/bin/python" -c "import xdist" 2>/dev/null; then
+  xdist=(-n "$workers")
+fi
+PYTHONPATH="$root/$build/python" "$root/.venv/bin/python" -m pytest tests/python -q \
+  -p no:cacheprovider --durations=30 "${xdist[@]}"
 hardening="${MODELPAR_HARDENING:-}"
 if [ -z "$hardening" ] && [ "${CI:-}" = true ]; then hardening=1; fi
 if [ "$hardening" = 1 ] || [ "$hardening" = full ]; then

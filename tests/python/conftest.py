@@ -9,6 +9,7 @@ tolerances come from tests/python/tolerances.py, not from one machine."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 import torch
 
@@ -19,6 +20,12 @@ def pytest_configure(config) -> None:
     # instead, so that what the tests plan does not depend on the CPU running
     # them. test_cpu_profile.py turns it on in a temporary cache; the same
     # for GPUs (modelpar/profiles/cuda.py, test_cuda_profile.py).
+    # Profiles the tests write (a memory-divided variant of a test's machine
+    # file: Note [Memory shared by logical devices]) go to a cache of the
+    # run's own, not the user's.
+    if "MODELPAR_TEST_XDG_CACHE" not in os.environ:  # one per run (xdist workers share it)
+        os.environ["MODELPAR_TEST_XDG_CACHE"] = tempfile.mkdtemp(prefix="modelpar-test-cache-")
+    os.environ["XDG_CACHE_HOME"] = os.environ["MODELPAR_TEST_XDG_CACHE"]
     os.environ.setdefault("MODELPAR_CPU_PROFILE", "off")
     os.environ.setdefault("MODELPAR_CUDA_PROFILE", "off")
     threads = os.environ.get("MODELPAR_TEST_THREADS")
