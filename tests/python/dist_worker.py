@@ -32,6 +32,8 @@ Scenarios:
       ranks, placed ("none") or pipelined ("gpipe" / "1f1b"), after 2 SGD
       steps through the same compiled forward with "trained": tokens and
       logits equal eager.
+  inputs PIPELINE  the MLP with each rank fed its own batch: ConfigError on
+      every rank, nothing changed; then 3 steps on the same batches equal eager.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
   evaluate-elsewhere  the MLP trained through one compiled function and run
       under no_grad through another whose plan binds a parameter on the other
@@ -411,6 +413,50 @@ def fault(how: str, bad_rank: int) -> None:
     raise AssertionError(f"rank {rank}: step 1 succeeded although rank {bad_rank} failed")
 
 
+def _mlp_options(schedule: str, **extra) -> dict:
+    options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0, **extra}
+    if schedule != "none":
+        options["pipeline"] = {"schedule": schedule, "microbatches": 2}
+    return options
+
+
+def inputs(schedule: str) -> None:
+    """The MLP over the ranks (m-ETF, "none", or a pipeline): a first step
+    where each rank draws its own batch is a ConfigError on every rank,
+    before any parameter changes (Note [Inputs every rank must agree on]);
+    then 3 steps on the same batches equal eager."""
+    case = CASES["mlp"]
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options=_mlp_options(schedule))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = case.batch(100 + dist.get_rank(), case.batch_size)  # the DistributedSampler habit
+    try:
+        fast(x, y).backward()
+        opt.step()
+        raise AssertionError("ranks fed different batches trained without an error")
+    except modelpar.ConfigError as e:
+        error = str(e)
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]) and p.grad is None, f"{n} changed"
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    tol = case.tol.after(steps=3)
+    losses = []
+    for step in range(3):
+        x, y = case.batch(step, case.batch_size)
+        loss = fast(x, y)
+        ref = case.loss(eager(x), y)
+        tol.assert_close(loss.detach(), ref.detach(), msg=lambda m: f"step {step}: {m}")
+        loss.backward()
+        ref.backward()
+        opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
+        losses.append(float(loss))
+    _result(rank=dist.get_rank(), error=error, losses=losses)
+
+
 def evaluate_elsewhere() -> None:
     """Trains the MLP pipelined (GPipe) through one compiled function, then
     evaluates it through another torch.compile of the model, whose forward
@@ -569,6 +615,8 @@ def main() -> None:
             evaluate_elsewhere()
         elif scenario == "generate":
             generate(args[0], args[1], len(args) > 2 and args[2] == "trained")
+        elif scenario == "inputs":
+            inputs(args[0])
         elif scenario == "mismatch":
             mismatch()
         elif scenario == "first-rank":

@@ -502,6 +502,10 @@ def test_bad_distributed_options_are_config_errors() -> None:
         modelpar.planning.options.resolve_options({"devices": 2, "peer_timeout": 5})
     with pytest.raises(modelpar.ConfigError, match="peer_timeout"):
         modelpar.planning.options.resolve_options({"devices": "world", "peer_timeout": -1})
+    with pytest.raises(modelpar.ConfigError, match="input_check_every is for runs over a process"):
+        modelpar.planning.options.resolve_options({"devices": 2, "input_check_every": 2})
+    with pytest.raises(modelpar.ConfigError, match="input_check_every takes an int >= 0"):
+        modelpar.planning.options.resolve_options({"devices": "world", "input_check_every": -1})
 
 
 def test_devices_other_than_the_group_size_is_a_config_error() -> None:
@@ -565,3 +569,43 @@ def test_materialized_ranks_hold_only_their_own_parameters(schedule: str) -> Non
             want = 1.0 if owners[n] == [r["rank"]] else 0.0
             assert r["after_init"][n] == want and r["after_steps"][n] == want, (r["rank"], n, r)
         assert r["resident_bytes"] < 0.9 * r["total_bytes"], r
+
+
+@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+def test_ranks_fed_different_batches_raise_config_error_on_every_rank(schedule: str) -> None:
+    # Note [Inputs every rank must agree on]: each rank reads only the inputs
+    # placed on its device, so ranks each drawing their own batch trained on
+    # x from one and y from another, silently. The first step's fingerprint
+    # all-gather makes it a ConfigError on every rank naming the inputs and
+    # ranks, before anything changes (the worker checks the parameters);
+    # the same batches then train like eager.
+    results = _all_ok(_launch(2, "inputs", schedule))
+    for r in results:
+        assert "different data for 'x', 'y'" in r["error"], r["error"]
+        assert "ranks 0 agree; ranks 1 agree" in r["error"], r["error"]
+        assert "DistributedSampler" in r["error"], r["error"]
+    assert results[0]["losses"] == results[1]["losses"]
+
+
+def test_an_unsupported_graph_over_ranks_is_an_error_not_an_eager_run() -> None:
+    # Note [No eager fallback over ranks]: without a process group a graph
+    # the runtime cannot run falls back to eager with a warning; over ranks
+    # each rank would run it with its own stale copies of other ranks'
+    # parameters, so it is an error naming the graph and why (every rank
+    # compiles the same graph and raises alike; one rank shows it here).
+    import torch.distributed as dist
+    from test_compile_backend import _WithCond
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        fast = torch.compile(_WithCond(), backend="modelpar", options={"devices": "world"})
+        with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
+            fast(torch.randn(3, 4))
+        inner = err.value.inner_exception
+        assert isinstance(inner, modelpar.UnsupportedOpError), repr(inner)
+        assert "higher-order op cond" in str(inner), str(inner)
+        assert "the forward graph of forward" in str(inner), str(inner)
+        assert "never run eagerly instead" in str(inner), str(inner)
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+

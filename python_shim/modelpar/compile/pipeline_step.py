@@ -378,10 +378,13 @@ class PipelineStep:
         replicated |= {o for o, x in grads if role_of.get(x) == "input"}
         homes = sorted({(o, device_of[x]) for o, x in grads if role_of.get(x) != "input"})
         replicated = sorted(replicated)
+        what = f"the pipelined step of {self.name} at batch {batch}"
         return RankExecutor(program, self.opts.process_group, device=self.rank_device,
                             timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
                             output_homes=homes, record_trace=self.opts.trace is not None,
-                            trains=self.graph_kind == "training")
+                            trains=self.graph_kind == "training", what=what,
+                            # the second part's inputs are values the first left where made
+                            check_inputs=self.opts.input_check_every if k == 0 else None)
 
     # -- running ---------------------------------------------------------
 

@@ -35,6 +35,7 @@ from ..errors import ExecutionError, PeerError
 from ..runtime.executor import outside_dispatch_modes
 from . import homes
 from .faults import name_failed_rank, report_failure
+from .input_check import AgreementCheck
 
 __all__ = ["RankExecutor"]
 
@@ -87,6 +88,16 @@ def _close_executors() -> None:
     gc.collect()
 
 
+def _mixed_batches(names: str, detail: str) -> str:
+    return (f"modelpar distributed: the ranks of one plan were given different data for "
+            f"{names} {detail}. Each rank reads only the inputs placed on its own device, so "
+            "the step would train on inputs mixed from several ranks' batches (Note [Inputs "
+            "every rank must agree on]). Feed every rank of a pipeline the same batch: with "
+            "torch.utils.data.DistributedSampler give num_replicas and rank of the mesh's dp "
+            "dimension (mesh.size(1), mesh.get_local_rank('dp'); without a mesh, "
+            "num_replicas=1), not the world size and global rank")
+
+
 class RankExecutor:
     """Runs rank ``rank``'s instruction list of ``program`` (a Program with
     one device per rank of ``group``) on the C++ rank executor.
@@ -99,7 +110,8 @@ class RankExecutor:
     def __init__(self, program: Any, group: Any, *, device: str = "cpu",
                  timeout_s: float = 30.0, replicated_outputs: Sequence[int] = (),
                  output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
-                 record_trace: bool = False, trains: bool = True) -> None:
+                 record_trace: bool = False, trains: bool = True, what: str = "a step",
+                 check_inputs: int | None = None) -> None:
         import torch.distributed as dist
         self.group = group
         self.trains = trains  # a training graph's bindings are its parameters' homes
@@ -114,6 +126,17 @@ class RankExecutor:
                                    record_trace=record_trace,
                                    reverse_group_name=reverse.group_name if reverse else "")
         _live_executors.add(self)
+        # Note [Inputs every rank must agree on] (input_check.py): the data
+        # inputs, checked over the group at the first run and every
+        # ``check_inputs`` runs (None: never; a backward's inputs are its
+        # forward's saved values, placeholders on the ranks that do not hold them).
+        graph = program.graph
+        roles = list(_C.graph_input_roles(graph))
+        names = list(graph.input_names)
+        data = [i for i, r in enumerate(roles) if r == "input"]
+        self.input_check = None if check_inputs is None else AgreementCheck(
+            group, data, [names[i] for i in data], check_inputs, timeout_s, what,
+            _mixed_batches)
 
     def chrome_trace(self) -> str:
         """Chrome trace JSON of the last step on this rank: one process, this
@@ -141,6 +164,8 @@ class RankExecutor:
         homes.note_inputs(inputs, self.input_devices, self.rank_now, self.trains)
         if homes.plan_only:  # Note [Planning without running] in distributed/materialize.py
             raise homes.Planned()
+        if self.input_check is not None:
+            self.input_check.maybe_check(inputs)
         try:
             return outside_dispatch_modes(self._ex.run, inputs)
         except PeerError as e:

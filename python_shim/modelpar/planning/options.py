@@ -21,6 +21,7 @@ silently ignored.
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed/rank_executor.py) |
 | ``process_group`` | None or a ``torch.distributed.ProcessGroup`` | None | works: plan over this group's ranks (``devices``, when a count, must equal its size); None with ``devices="world"``: the default group |
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
+| ``input_check_every`` | int >= 0 | 0 | works over a process group: the first step of every executor over ranks all-gathers a fingerprint (shape, dtype, 64 strided elements) of each data input over the ranks that must feed the same batch (one pipeline) and raises ConfigError on every rank naming the inputs and ranks that differ, before anything runs; N > 0 checks again every N steps, 0 never after the first (distributed/input_check.py) |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
 
 Frameworks that call torch.compile for you (transformers' Trainer with
@@ -135,6 +136,7 @@ class CompileOptions:
     strategy: str = "manual"
     process_group: Any = None
     peer_timeout: float = 30.0
+    input_check_every: int = 0
     mode: str = "default"
     #: Plan over the ranks of ``process_group`` (resolved: never None then).
     world: bool = False
@@ -338,9 +340,16 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
     if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) \
             or not 0 < peer_timeout < float("inf"):
         raise _bad("peer_timeout", peer_timeout, "a number of seconds > 0")
-    if "peer_timeout" in options and not world:
-        raise ConfigError("modelpar options: peer_timeout is for runs over a process group; give "
-                          "devices='world' (or a process_group), or leave peer_timeout unset")
+    for key in ("peer_timeout", "input_check_every"):
+        if options.get(key) is not None and not world:
+            raise ConfigError(f"modelpar options: {key} is for runs over a process group; give "
+                              "devices='world' (or a process_group), or leave "
+                              f"{key} unset")
+    input_check_every = options.get("input_check_every", 0)
+    if isinstance(input_check_every, bool) or not isinstance(input_check_every, int) \
+            or input_check_every < 0:
+        raise _bad("input_check_every", input_check_every,
+                   "an int >= 0 (steps between input checks; 0: the first step only)")
     if world:
         from ..distributed.groups import group_of
         process_group = group_of(process_group)
@@ -423,4 +432,5 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                           pipeline_given=tuple(sorted(given_pipeline)),
                           cuda_graphs=cuda_graphs, trace=str(trace) if trace else None,
                           strategy=strategy, mode=mode, process_group=process_group,
-                          peer_timeout=float(peer_timeout), world=world)
+                          peer_timeout=float(peer_timeout), world=world,
+                          input_check_every=input_check_every)
