@@ -609,3 +609,58 @@ def test_an_unsupported_graph_over_ranks_is_an_error_not_an_eager_run() -> None:
         torch._dynamo.reset()
         dist.destroy_process_group()
 
+
+@pytest.mark.parametrize("pp,dp,schedule", [(1, 2, "none"), (2, 1, "1f1b"), (2, 2, "1f1b")])
+def test_a_mesh_trains_like_eager_on_the_global_batch(pp: int, dp: int, schedule: str,
+                                                      tmp_path) -> None:
+    # options["mesh"]: each dp replica runs the plan over its pp ranks on its
+    # share of the global batch (a DistributedSampler over dp); each stage's
+    # gradients are averaged over its dp group. The worker checks each
+    # replica's loss, every averaged gradient and every parameter after 3
+    # momentum-SGD steps against eager on the global batch (the average of
+    # dp means of equal shares is the global mean up to the order of its
+    # sums, within the MLP's tolerances.py bound).
+    results = _all_ok(_launch(pp * dp, "mesh", str(pp), str(dp), schedule, str(tmp_path)))
+    assert sorted(r["replica"] for r in results) == sorted(list(range(dp)) * pp)
+    for r in results:
+        if dp > 1:
+            assert f"data parallel: gradients averaged over a dp group of {dp} ranks" in \
+                r["summary"], r["summary"]
+            assert "bucket" in r["summary"], r["summary"]
+    # the replicas' losses differ (their batches do); the stages of one agree
+    by_replica: dict[int, list] = {}
+    for r in results:
+        by_replica.setdefault(r["replica"], []).append(r["losses"])
+    assert all(all(ls == v[0] for ls in v) for v in by_replica.values()), by_replica
+    if dp > 1:
+        assert by_replica[0] != by_replica[1]
+
+
+def test_bad_mesh_options_are_config_errors() -> None:
+    # Validated up front, before anything is traced, naming the sizes.
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    resolve = modelpar.planning.options.resolve_options
+    with pytest.raises(modelpar.ConfigError, match="mesh needs devices='world'"):
+        resolve({"devices": 2, "mesh": {"pp": 2, "dp": 1}})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(modelpar.ConfigError,
+                           match=r"mesh pp=2 x dp=2 = 4 ranks, but the world has 1"):
+            resolve({"devices": "world", "mesh": {"pp": 2, "dp": 2}})
+        with pytest.raises(modelpar.ConfigError, match="keys 'pp' and 'dp'"):
+            resolve({"devices": "world", "mesh": {"pp": 1, "tp": 1}})
+        with pytest.raises(modelpar.ConfigError, match=r"mesh\['dp'\]=0 is not valid"):
+            resolve({"devices": "world", "mesh": {"pp": 1, "dp": 0}})
+        with pytest.raises(modelpar.ConfigError, match="give one"):
+            resolve({"devices": "world", "mesh": {"pp": 1, "dp": 1},
+                     "process_group": dist.distributed_c10d._get_default_group()})
+        with pytest.raises(modelpar.ConfigError, match="named 'pp' and 'dp'"):
+            resolve({"devices": "world",
+                     "mesh": init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "tp"))})
+        opts = resolve({"devices": "world", "mesh": {"pp": 1, "dp": 1}})
+        assert opts.world and opts.devices == 1 and opts.dp_group is not None
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+        assert resolve({"devices": "world", "mesh": mesh}).mesh is mesh
+    finally:
+        dist.destroy_process_group()

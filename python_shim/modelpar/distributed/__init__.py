@@ -7,5 +7,10 @@
 (:mod:`~modelpar.distributed.first_rank`), materializing a model too big for
 a rank (:mod:`~modelpar.distributed.materialize`,
 :mod:`~modelpar.distributed.untouched`), state dicts
-(:mod:`~modelpar.distributed.state_dict`) and gradient helpers
-(:mod:`~modelpar.distributed.gradients`)."""
+(:mod:`~modelpar.distributed.state_dict`), gradient helpers
+(:mod:`~modelpar.distributed.gradients`), inputs the ranks must agree on
+(:mod:`~modelpar.distributed.input_check`), the ``mesh`` option
+(:mod:`~modelpar.distributed.mesh`) and its gradient averaging
+(:mod:`~modelpar.distributed.data_parallel`)."""
+
+from . import mesh  # noqa: F401  (modelpar.distributed.mesh.device_mesh after import modelpar)

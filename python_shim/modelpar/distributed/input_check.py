@@ -38,7 +38,9 @@ SAMPLES = 64
 # step runs, so no parameter has changed. A sample can miss a difference
 # between two batches that agree on every sampled element (the same batch
 # with a few rows changed): the check catches the habit, not every
-# possible mistake.
+# possible mistake. With a mesh, ranks of different data-parallel replicas
+# feed different batches and are not compared; their parameters, which
+# must start equal, are compared once the same way (data_parallel.py).
 
 
 def fingerprint(value: Any) -> tuple[int, int]:

@@ -34,8 +34,10 @@ from .. import _C
 from ..errors import ExecutionError, PeerError
 from ..runtime.executor import outside_dispatch_modes
 from . import homes
+from .data_parallel import GradientReducer
 from .faults import name_failed_rank, report_failure
 from .input_check import AgreementCheck
+from .plan_check import check_same_plan
 
 __all__ = ["RankExecutor"]
 
@@ -95,7 +97,15 @@ def _mixed_batches(names: str, detail: str) -> str:
             "every rank must agree on]). Feed every rank of a pipeline the same batch: with "
             "torch.utils.data.DistributedSampler give num_replicas and rank of the mesh's dp "
             "dimension (mesh.size(1), mesh.get_local_rank('dp'); without a mesh, "
-            "num_replicas=1), not the world size and global rank")
+            "num_replicas=1), not the world size and global rank; or to train data-parallel "
+            "replicas on different batches, give options['mesh'] = {'pp': P, 'dp': D}")
+
+
+def _replicas_differ(names: str, detail: str) -> str:
+    return (f"modelpar distributed: the data-parallel replicas of the mesh start from different "
+            f"values of {names} {detail}; they average their gradients, so they must hold the "
+            "same parameters: seed every rank alike before building the model "
+            "(torch.manual_seed), or load the same checkpoint on every rank")
 
 
 class RankExecutor:
@@ -111,7 +121,8 @@ class RankExecutor:
                  timeout_s: float = 30.0, replicated_outputs: Sequence[int] = (),
                  output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
                  record_trace: bool = False, trains: bool = True, what: str = "a step",
-                 check_inputs: int | None = None) -> None:
+                 check_inputs: int | None = None, replicas: Any = None,
+                 data_parallel: GradientReducer | None = None) -> None:
         import torch.distributed as dist
         self.group = group
         self.trains = trains  # a training graph's bindings are its parameters' homes
@@ -137,6 +148,18 @@ class RankExecutor:
         self.input_check = None if check_inputs is None else AgreementCheck(
             group, data, [names[i] for i in data], check_inputs, timeout_s, what,
             _mixed_batches)
+        # Note [Gradients averaged over the replicas] (data_parallel.py): the
+        # replicas (``replicas``: this rank's dp group) must run the same
+        # plan, and start from the same parameters (checked at the first run).
+        self.data_parallel = data_parallel
+        self.replica_check = None
+        if replicas is not None and dist.get_world_size(replicas) > 1:
+            check_same_plan(str(program), replicas,
+                            f"{what} (over the data-parallel replicas of the mesh)", timeout_s)
+            mine = [i for i, (r, d) in enumerate(zip(roles, self.input_devices))
+                    if r != "input" and d == self.rank_now]
+            self.replica_check = AgreementCheck(replicas, mine, [names[i] for i in mine], 0,
+                                                timeout_s, what, _replicas_differ)
 
     def chrome_trace(self) -> str:
         """Chrome trace JSON of the last step on this rank: one process, this
@@ -166,8 +189,13 @@ class RankExecutor:
             raise homes.Planned()
         if self.input_check is not None:
             self.input_check.maybe_check(inputs)
+        if self.replica_check is not None:
+            self.replica_check.maybe_check(inputs)
         try:
-            return outside_dispatch_modes(self._ex.run, inputs)
+            outs = outside_dispatch_modes(self._ex.run, inputs)
+            if self.data_parallel is not None:
+                self.data_parallel.reduce(outs)
+            return outs
         except PeerError as e:
             raise name_failed_rank(self.group, self.rank, e) from e
         except ExecutionError as e:
