@@ -36,7 +36,7 @@ Scenarios:
       every rank, nothing changed; then 3 steps on the same batches equal eager.
   mesh PP DP PIPELINE [DIR]  the MLP on a pp x dp mesh (options["mesh"]),
       batches from a DistributedSampler over dp, against eager on the global
-      batch.
+      batch; with DIR, a DCP checkpoint and references saved there.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
   evaluate-elsewhere  the MLP trained through one compiled function and run
       under no_grad through another whose plan binds a parameter on the other
@@ -465,7 +465,9 @@ def mesh(pp: int, dp: int, schedule: str, ckpt: str | None = None) -> None:
     drawing its share of the global batch through a DistributedSampler over
     the dp dimension, against eager on the global batch: the loss of each
     replica's share, and every parameter after 3 momentum-SGD steps on the
-    ranks that hold it."""
+    ranks that hold it. With ``ckpt``: the checkpoint saved after (DCP),
+    beside what rank 0 gathered of its replica's state and every rank's
+    optimizer state, for the test to load and compare."""
     from torch.utils.data import DistributedSampler
     case = CASES["mlp"]
     torch.manual_seed(0)
@@ -513,6 +515,15 @@ def mesh(pp: int, dp: int, schedule: str, ckpt: str | None = None) -> None:
     dist.all_reduce(counts)
     assert counts.tolist() == [dp] * len(counts), counts
     summary = str(modelpar.plans()[-1])
+    if ckpt:
+        modelpar.distributed.checkpoint.save(model, opt, os.path.join(ckpt, "dcp"))
+        gathered = modelpar.gather_state_dict(model, process_group=grid.get_group("pp"))
+        momentum = {n: opt.state[p]["momentum_buffer"].clone()
+                    for n, p in model.named_parameters() if p in opt.state}
+        torch.save(momentum, os.path.join(ckpt, f"momentum.rank{dist.get_rank()}.pt"))
+        if dist.get_rank() == 0:
+            torch.save({"model": gathered, "eager": eager.state_dict()},
+                       os.path.join(ckpt, "reference.pt"))
     _result(rank=dist.get_rank(), replica=replica, losses=losses, owned=owned,
             summary=summary)
 

@@ -610,6 +610,32 @@ def test_an_unsupported_graph_over_ranks_is_an_error_not_an_eager_run() -> None:
         dist.destroy_process_group()
 
 
+def _load_checkpoint_into_eager(folder: Path, world: int) -> None:
+    """The DCP checkpoint the mesh scenario saved, loaded into an eager MLP
+    and optimizer in this process (no process group): every tensor equals
+    the one its home rank held (the model gathered from the homes of
+    replica 0; each rank's momentum buffers, equal over the replicas)."""
+    from models import MLP
+    torch.manual_seed(1)  # other values than the checkpoint's
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    modelpar.distributed.checkpoint.load(model, opt, folder / "dcp")
+    reference = torch.load(folder / "reference.pt")
+    state = model.state_dict()
+    assert list(state) == list(reference["model"])
+    for name, want in reference["model"].items():
+        assert torch.equal(state[name], want), name
+    momentum: dict[str, torch.Tensor] = {}
+    for rank in range(world):
+        for name, buf in torch.load(folder / f"momentum.rank{rank}.pt").items():
+            assert name not in momentum or torch.equal(momentum[name], buf), name
+            momentum[name] = buf
+    assert sorted(momentum) == sorted(n for n, _ in model.named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(opt.state[p]["momentum_buffer"], momentum[name]), name
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.05
+
+
 @pytest.mark.parametrize("pp,dp,schedule", [(1, 2, "none"), (2, 1, "1f1b"), (2, 2, "1f1b")])
 def test_a_mesh_trains_like_eager_on_the_global_batch(pp: int, dp: int, schedule: str,
                                                       tmp_path) -> None:
@@ -619,7 +645,8 @@ def test_a_mesh_trains_like_eager_on_the_global_batch(pp: int, dp: int, schedule
     # replica's loss, every averaged gradient and every parameter after 3
     # momentum-SGD steps against eager on the global batch (the average of
     # dp means of equal shares is the global mean up to the order of its
-    # sums, within the MLP's tolerances.py bound).
+    # sums, within the MLP's tolerances.py bound), then saves a DCP
+    # checkpoint, which loads into an eager model here with equal tensors.
     results = _all_ok(_launch(pp * dp, "mesh", str(pp), str(dp), schedule, str(tmp_path)))
     assert sorted(r["replica"] for r in results) == sorted(list(range(dp)) * pp)
     for r in results:
@@ -634,6 +661,7 @@ def test_a_mesh_trains_like_eager_on_the_global_batch(pp: int, dp: int, schedule
     assert all(all(ls == v[0] for ls in v) for v in by_replica.values()), by_replica
     if dp > 1:
         assert by_replica[0] != by_replica[1]
+    _load_checkpoint_into_eager(tmp_path, pp * dp)
 
 
 def test_bad_mesh_options_are_config_errors() -> None:
@@ -664,3 +692,30 @@ def test_bad_mesh_options_are_config_errors() -> None:
         assert resolve({"devices": "world", "mesh": mesh}).mesh is mesh
     finally:
         dist.destroy_process_group()
+
+
+def test_a_checkpoint_round_trips_in_one_process_and_refuses_another_model(tmp_path) -> None:
+    # Without a process group: DCP's no_dist save and load, every entry
+    # (model, momentum buffers, param groups) back equal; another model is
+    # a ConfigError naming the missing entry, a missing folder one naming it.
+    from models import MLP
+    ckpt = modelpar.distributed.checkpoint
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 4)).backward()
+    opt.step()
+    ckpt.save(model, opt, tmp_path / "c")
+    torch.manual_seed(1)
+    other = MLP()
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.5, momentum=0.5)
+    ckpt.load(other, other_opt, tmp_path / "c")
+    for (n, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), n
+    for p, q in zip(model.parameters(), other.parameters()):
+        assert torch.equal(opt.state[p]["momentum_buffer"], other_opt.state[q]["momentum_buffer"])
+    assert other_opt.param_groups[0]["lr"] == 0.1
+    with pytest.raises(modelpar.ConfigError, match="has no tensor '0.fc1.weight' of the model"):
+        ckpt.load(torch.nn.Sequential(MLP()), None, tmp_path / "c")
+    with pytest.raises(modelpar.ConfigError, match="cannot read a DCP checkpoint"):
+        ckpt.load(model, None, tmp_path / "missing")

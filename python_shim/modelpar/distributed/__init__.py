@@ -11,6 +11,8 @@ a rank (:mod:`~modelpar.distributed.materialize`,
 (:mod:`~modelpar.distributed.gradients`), inputs the ranks must agree on
 (:mod:`~modelpar.distributed.input_check`), the ``mesh`` option
 (:mod:`~modelpar.distributed.mesh`) and its gradient averaging
-(:mod:`~modelpar.distributed.data_parallel`)."""
+(:mod:`~modelpar.distributed.data_parallel`), and DCP checkpoints
+(:mod:`~modelpar.distributed.checkpoint`: ``modelpar.distributed.checkpoint.save``
+/ ``load``)."""
 
-from . import mesh  # noqa: F401  (modelpar.distributed.mesh.device_mesh after import modelpar)
+from . import checkpoint, mesh  # noqa: F401  (modelpar.distributed.checkpoint.save, ...mesh.device_mesh)
