@@ -474,6 +474,8 @@ def mesh(pp: int, dp: int, schedule: str, ckpt: str | None = None) -> None:
     model = case.make_model()
     eager = copy.deepcopy(model)
     options = _mlp_options(schedule, mesh={"pp": pp, "dp": dp})
+    if ckpt:  # the measured trace, with the all-reduce's track
+        options["trace"] = os.path.join(ckpt, "trace", "step.json")
     fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar", options=options)
     grid = modelpar.distributed.mesh.device_mesh(pp, dp)
     replica = grid.get_local_rank("dp")
@@ -515,6 +517,11 @@ def mesh(pp: int, dp: int, schedule: str, ckpt: str | None = None) -> None:
     dist.all_reduce(counts)
     assert counts.tolist() == [dp] * len(counts), counts
     summary = str(modelpar.plans()[-1])
+    reduces = []
+    if ckpt:
+        with open(os.path.join(ckpt, "trace", f"step.rank{dist.get_rank()}.json")) as f:
+            events = json.load(f)["traceEvents"]
+        reduces = [e["ts"] for e in events if e.get("cat") == "dp-all-reduce"]
     if ckpt:
         modelpar.distributed.checkpoint.save(model, opt, os.path.join(ckpt, "dcp"))
         gathered = modelpar.gather_state_dict(model, process_group=grid.get_group("pp"))
@@ -525,7 +532,7 @@ def mesh(pp: int, dp: int, schedule: str, ckpt: str | None = None) -> None:
             torch.save({"model": gathered, "eager": eager.state_dict()},
                        os.path.join(ckpt, "reference.pt"))
     _result(rank=dist.get_rank(), replica=replica, losses=losses, owned=owned,
-            summary=summary)
+            summary=summary, reduces=reduces)
 
 
 def evaluate_elsewhere() -> None:

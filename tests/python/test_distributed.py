@@ -654,6 +654,8 @@ def test_a_mesh_trains_like_eager_on_the_global_batch(pp: int, dp: int, schedule
             assert f"data parallel: gradients averaged over a dp group of {dp} ranks" in \
                 r["summary"], r["summary"]
             assert "bucket" in r["summary"], r["summary"]
+            # the all-reduce on a track of its own in the measured trace
+            assert len(r["reduces"]) >= 1 and min(r["reduces"]) >= 0, r["reduces"]
     # the replicas' losses differ (their batches do); the stages of one agree
     by_replica: dict[int, list] = {}
     for r in results:
@@ -719,3 +721,4 @@ def test_a_checkpoint_round_trips_in_one_process_and_refuses_another_model(tmp_p
         ckpt.load(torch.nn.Sequential(MLP()), None, tmp_path / "c")
     with pytest.raises(modelpar.ConfigError, match="cannot read a DCP checkpoint"):
         ckpt.load(model, None, tmp_path / "missing")
+

@@ -190,7 +190,9 @@ class Plan:
         rank = None
         if self.options.world:
             import torch.distributed as dist
-            rank = dist.get_rank(self.options.process_group)
+            # the process's global rank: under a mesh the ranks of the dp
+            # replicas share their rank in the plan's (pp) group
+            rank = dist.get_rank()
         return step_trace_for(self.options.trace, rank)
 
     @property

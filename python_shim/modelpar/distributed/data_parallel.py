@@ -15,7 +15,11 @@ import torch
 
 from .groups import outside_tracing, wait_for
 
-__all__ = ["BUCKET_BYTES", "GradientReducer", "gradient_reducer"]
+__all__ = ["BUCKET_BYTES", "GradientReducer", "gradient_reducer", "trace_events"]
+
+#: The Chrome-trace track (tid) of the all-reduces, beside the executor's
+#: compute, send and recv tracks (0, 1, 2: runtime/execution_trace.cpp).
+TRACE_TRACK = 3
 
 #: Bytes of gradients per all-reduce (DDP's default bucket_cap_mb=25).
 BUCKET_BYTES = 25 * 2**20
@@ -163,3 +167,25 @@ def gradient_reducer(opts: Any, record: Any, outputs: Sequence[int],
     if record is not None:
         record.data_parallel = reducer
     return reducer
+
+
+def trace_events(chrome_trace: str, spans: Sequence[tuple[int, int, int]], start_ns: int) -> str:
+    """``chrome_trace`` (a rank executor's last step) with each bucket's
+    all-reduce, from its launch to its average copied back, as spans on a
+    "dp all-reduce" track of the rank's process; ``spans`` are
+    (bucket, start, end) in perf_counter ns, ``start_ns`` the step's start on
+    that clock (taken just before the executor's own, microseconds apart)."""
+    import json
+    trace = json.loads(chrome_trace)
+    events = trace["traceEvents"]
+    pids = sorted({e["pid"] for e in events if e.get("ph") == "X"})
+    if not pids:
+        return chrome_trace
+    pid = pids[0]
+    events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": TRACE_TRACK,
+                   "args": {"name": "dp all-reduce"}})
+    for bucket, begin, end in spans:
+        events.append({"name": f"all-reduce bucket {bucket}", "cat": "dp-all-reduce", "ph": "X",
+                       "pid": pid, "tid": TRACE_TRACK, "ts": (begin - start_ns) / 1e3,
+                       "dur": (end - begin) / 1e3, "args": {"bucket": bucket}})
+    return json.dumps(trace)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -152,6 +153,7 @@ class RankExecutor:
         # replicas (``replicas``: this rank's dp group) must run the same
         # plan, and start from the same parameters (checked at the first run).
         self.data_parallel = data_parallel
+        self._run_start_ns = 0
         self.replica_check = None
         if replicas is not None and dist.get_world_size(replicas) > 1:
             check_same_plan(str(program), replicas,
@@ -163,8 +165,13 @@ class RankExecutor:
 
     def chrome_trace(self) -> str:
         """Chrome trace JSON of the last step on this rank: one process, this
-        rank's device (needs ``record_trace=True``)."""
-        return self._ex.chrome_trace()
+        rank's device (needs ``record_trace=True``); under a mesh, with the
+        data-parallel all-reduce of each bucket on a track of its own."""
+        text = self._ex.chrome_trace()
+        if self.data_parallel is None or not self.data_parallel.stats.spans:
+            return text
+        from .data_parallel import trace_events
+        return trace_events(text, self.data_parallel.stats.spans, self._run_start_ns)
 
     def close(self) -> None:
         """Drops this executor's hold on the process group (Note [Letting go
@@ -191,6 +198,7 @@ class RankExecutor:
             self.input_check.maybe_check(inputs)
         if self.replica_check is not None:
             self.replica_check.maybe_check(inputs)
+        self._run_start_ns = time.perf_counter_ns()  # the step's clock, near enough (traces)
         try:
             outs = outside_dispatch_modes(self._ex.run, inputs)
             if self.data_parallel is not None:
