@@ -582,7 +582,7 @@ def test_ranks_fed_different_batches_raise_config_error_on_every_rank(schedule: 
     results = _all_ok(_launch(2, "inputs", schedule))
     for r in results:
         assert "different data for 'x', 'y'" in r["error"], r["error"]
-        assert "ranks 0 agree; ranks 1 agree" in r["error"], r["error"]
+        assert "'x' differs in values between ranks [0] vs [1]" in r["error"], r["error"]
         assert "DistributedSampler" in r["error"], r["error"]
     assert results[0]["losses"] == results[1]["losses"]
 
@@ -748,3 +748,31 @@ def test_training_survives_a_killed_rank_by_resuming_from_its_last_checkpoint(tm
     resumed, out = run(tmp_path / "killed", "--kill-at", "3")
     assert f"resumed from {tmp_path / 'killed' / 'step2'}" in out, out
     assert sorted(whole) == list(range(6)) and resumed == whole, (resumed, whole)
+
+
+def test_input_fingerprints_see_shape_dtype_and_sampled_values_and_the_check_period() -> None:
+    import torch.distributed as dist
+    from modelpar.distributed.input_check import SAMPLES, AgreementCheck, fingerprint
+    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    assert fingerprint(x) == fingerprint(x.clone())
+    assert fingerprint(x)[0] != fingerprint(x.double())[0]          # dtype
+    assert fingerprint(x)[0] != fingerprint(x.reshape(32, 128))[0]  # shape
+    changed = x.clone()
+    changed.view(-1)[4096 // SAMPLES] += 1                          # a sampled element
+    assert fingerprint(changed)[0] == fingerprint(x)[0] and fingerprint(changed) != fingerprint(x)
+    assert fingerprint(x.t()) != fingerprint(x)                     # a view's own order
+    assert fingerprint(torch.ones(3, dtype=torch.bool)) != fingerprint(torch.zeros(3, dtype=torch.bool))
+    assert fingerprint(8) != fingerprint(9) and fingerprint(None) == fingerprint(None)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        for every, due in ((0, [True, False, False, False, False]),
+                           (2, [True, False, True, False, True])):
+            check = AgreementCheck(group, [0], ["x"], every, 5.0, "a step", lambda n, d: d)
+            got = []
+            for _ in range(5):
+                got.append(check.due())
+                check.maybe_check([x])
+            assert got == due, (every, got)
+    finally:
+        dist.destroy_process_group()

@@ -132,13 +132,13 @@ class AgreementCheck:
             for r, row in enumerate(table):
                 groups.setdefault(tuple(row[k]), []).append(r)
             shapes_differ = len({h[0] for h in groups}) > 1
-            ranks = "; ".join(f"ranks {', '.join(map(self._global, rs))} agree"
-                              for rs in groups.values())
-            kind = "shapes or dtypes" if shapes_differ else "values"
-            parts.append(f"{self.names[k]!r} ({kind} differ: {ranks}; this rank's "
-                         f"{describe(inputs[self.indices[k]])})")
-        detail = (f"in {self.what}: " + ", ".join(parts)
-                  + f" (global ranks; this is global rank {self._global(me)})")
+            ranks = " vs ".join("[" + ", ".join(map(self._global, rs)) + "]"
+                                for rs in groups.values())
+            kind = "shape or dtype" if shapes_differ else "values"
+            parts.append(f"{self.names[k]!r} differs in {kind} between ranks {ranks} (this "
+                         f"rank's: {describe(inputs[self.indices[k]])})")
+        detail = (f"in {self.what}: " + "; ".join(parts)
+                  + f" (global ranks; this is rank {self._global(me)})")
         raise ConfigError(self.problem(", ".join(repr(self.names[k]) for k in bad), detail))
 
     def _global(self, r: int) -> str:

@@ -97,7 +97,7 @@ def _mixed_batches(names: str, detail: str) -> str:
             "the step would train on inputs mixed from several ranks' batches (Note [Inputs "
             "every rank must agree on]). Feed every rank of a pipeline the same batch: with "
             "torch.utils.data.DistributedSampler give num_replicas and rank of the mesh's dp "
-            "dimension (mesh.size(1), mesh.get_local_rank('dp'); without a mesh, "
+            "dimension (its dp size and mesh.get_local_rank('dp'); without a mesh, "
             "num_replicas=1), not the world size and global rank; or to train data-parallel "
             "replicas on different batches, give options['mesh'] = {'pp': P, 'dp': D}")
 
