@@ -15,7 +15,12 @@ tests/python/dist_worker.py, every wait bounded.
 - a rank that raises, is killed, or hangs makes every other rank raise
   ExecutionError naming it within the peer timeout;
 - ranks that planned differently raise ConfigError naming them;
-- bad set-ups are ConfigErrors before anything is traced.
+- bad set-ups are ConfigErrors before anything is traced;
+- ranks of one plan fed different batches raise ConfigError on every rank,
+  and a graph the runtime cannot run is an error over ranks, not an eager run;
+- a pp x dp mesh trains like eager on the global batch, its DCP checkpoint
+  loads into an eager model with equal tensors, and training resumes from
+  its last checkpoint after a rank is killed under torchrun.
 """
 
 from __future__ import annotations
