@@ -36,6 +36,11 @@ Scenarios:
       after inference-only steps, state dicts equal eager after inference,
       after batch norm's in-place writes under no_grad, and after a training
       step and release_unowned.
+  inputs PIPELINE  the MLP with each rank fed its own batch: ConfigError on
+      every rank, nothing changed; then 3 steps on the same batches equal eager.
+  mesh PP DP PIPELINE [DIR]  the MLP on a pp x dp mesh (options["mesh"]),
+      batches from a DistributedSampler over dp, against eager on the global
+      batch; with DIR, a DCP checkpoint and references saved there.
   mismatch  rank 1 compiles a model of another width: the plan check raises.
   evaluate-elsewhere  the MLP trained through one compiled function and run
       under no_grad through another whose plan binds a parameter on the other
@@ -415,6 +420,125 @@ def fault(how: str, bad_rank: int) -> None:
     raise AssertionError(f"rank {rank}: step 1 succeeded although rank {bad_rank} failed")
 
 
+def _mlp_options(schedule: str, **extra) -> dict:
+    options: dict = {"devices": "world", "strict": True, "peer_timeout": 20.0, **extra}
+    if schedule != "none":
+        options["pipeline"] = {"schedule": schedule, "microbatches": 2}
+    return options
+
+
+def inputs(schedule: str) -> None:
+    """The MLP over the ranks (m-ETF, "none", or a pipeline): a first step
+    where each rank draws its own batch is a ConfigError on every rank,
+    before any parameter changes (Note [Inputs every rank must agree on]);
+    then 3 steps on the same batches equal eager."""
+    case = CASES["mlp"]
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                         options=_mlp_options(schedule))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    x, y = case.batch(100 + dist.get_rank(), case.batch_size)  # the DistributedSampler habit
+    try:
+        fast(x, y).backward()
+        opt.step()
+        raise AssertionError("ranks fed different batches trained without an error")
+    except modelpar.ConfigError as e:
+        error = str(e)
+    for n, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[n]) and p.grad is None, f"{n} changed"
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    tol = case.tol.after(steps=3)
+    losses = []
+    for step in range(3):
+        x, y = case.batch(step, case.batch_size)
+        loss = fast(x, y)
+        ref = case.loss(eager(x), y)
+        tol.assert_close(loss.detach(), ref.detach(), msg=lambda m: f"step {step}: {m}")
+        loss.backward()
+        ref.backward()
+        opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
+        losses.append(float(loss))
+    _result(rank=dist.get_rank(), error=error, losses=losses)
+
+
+def mesh(pp: int, dp: int, schedule: str, ckpt: str | None = None) -> None:
+    """The MLP on a mesh of pp x dp ranks (options["mesh"]), each replica
+    drawing its share of the global batch through a DistributedSampler over
+    the dp dimension, against eager on the global batch: the loss of each
+    replica's share, and every parameter after 3 momentum-SGD steps on the
+    ranks that hold it. With ``ckpt``: the checkpoint saved after (DCP),
+    beside what rank 0 gathered of its replica's state and every rank's
+    optimizer state, for the test to load and compare."""
+    from torch.utils.data import DistributedSampler
+    case = CASES["mlp"]
+    torch.manual_seed(0)
+    model = case.make_model()
+    eager = copy.deepcopy(model)
+    options = _mlp_options(schedule, mesh={"pp": pp, "dp": dp})
+    if ckpt:  # the measured trace, with the all-reduce's track
+        options["trace"] = os.path.join(ckpt, "trace", "step.json")
+    fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar", options=options)
+    grid = modelpar.distributed.mesh.device_mesh(pp, dp)
+    replica = grid.get_local_rank("dp")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(eager.parameters(), lr=0.05, momentum=0.9)
+    tol = case.tol.after(steps=3)
+    per_replica = case.batch_size
+    sampler = DistributedSampler(range(dp * per_replica), num_replicas=dp, rank=replica,
+                                 shuffle=False)
+    rows = torch.tensor(list(sampler))
+    losses = []
+    max_grad = 0.0
+    for step in range(3):
+        gx, gy = case.batch(step, dp * per_replica)  # the global batch
+        x, y = gx[rows], gy[rows]
+        loss = fast(x, y)
+        tol.assert_close(loss.detach(), case.loss(eager(x), y).detach(),
+                         msg=lambda m: f"step {step}, replica {replica}'s loss: {m}")
+        loss.backward()
+        ref_opt.zero_grad()
+        case.loss(eager(gx), gy).backward()
+        max_grad = max(max_grad, max(float(q.grad.abs().max()) for q in eager.parameters()))
+        for (n, p), q in zip(model.named_parameters(), eager.parameters()):
+            if p.grad is not None:  # averaged over the replicas: the global batch's
+                tol.assert_close(p.grad, q.grad, scale=max_grad,
+                                 msg=lambda m, n=n: f"step {step}, grad of {n}: {m}")
+        opt.step(), ref_opt.step(), opt.zero_grad()
+        losses.append(float(loss))
+    update_scale = 0.05 * 3 / (1 - 0.9) * max_grad
+    owned = []
+    for n, p in model.named_parameters():
+        if p in opt.state:  # stepped here: this rank is its home
+            want = dict(eager.named_parameters())[n].detach()
+            tol.assert_close(p.detach(), want, scale=max(float(want.abs().max()), update_scale),
+                             msg=lambda m, n=n: f"parameter {n} after 3 steps: {m}")
+            owned.append(n)
+    # every parameter held by exactly one rank of each replica
+    counts = torch.tensor([1 if n in owned else 0 for n, _ in model.named_parameters()])
+    dist.all_reduce(counts)
+    assert counts.tolist() == [dp] * len(counts), counts
+    summary = str(modelpar.plans()[-1])
+    reduces = []
+    if ckpt:
+        with open(os.path.join(ckpt, "trace", f"step.rank{dist.get_rank()}.json")) as f:
+            events = json.load(f)["traceEvents"]
+        reduces = [e["ts"] for e in events if e.get("cat") == "dp-all-reduce"]
+    if ckpt:
+        modelpar.distributed.checkpoint.save(model, opt, os.path.join(ckpt, "dcp"))
+        gathered = modelpar.gather_state_dict(model, process_group=grid.get_group("pp"))
+        momentum = {n: opt.state[p]["momentum_buffer"].clone()
+                    for n, p in model.named_parameters() if p in opt.state}
+        torch.save(momentum, os.path.join(ckpt, f"momentum.rank{dist.get_rank()}.pt"))
+        if dist.get_rank() == 0:
+            torch.save({"model": gathered, "eager": eager.state_dict()},
+                       os.path.join(ckpt, "reference.pt"))
+    _result(rank=dist.get_rank(), replica=replica, losses=losses, owned=owned,
+            summary=summary, reduces=reduces)
+
+
 def evaluate_elsewhere() -> None:
     """Trains the MLP pipelined (GPipe) through one compiled function, then
     evaluates it through another torch.compile of the model, whose forward
@@ -633,6 +757,10 @@ def main() -> None:
             evaluate_elsewhere()
         elif scenario == "generate":
             generate(args[0], args[1], len(args) > 2 and args[2] == "trained")
+        elif scenario == "inputs":
+            inputs(args[0])
+        elif scenario == "mesh":
+            mesh(int(args[0]), int(args[1]), args[2], args[3] if len(args) > 3 else None)
         elif scenario == "mismatch":
             mismatch()
         elif scenario == "first-rank":

@@ -15,7 +15,12 @@ tests/python/dist_worker.py, every wait bounded.
 - a rank that raises, is killed, or hangs makes every other rank raise
   ExecutionError naming it within the peer timeout;
 - ranks that planned differently raise ConfigError naming them;
-- bad set-ups are ConfigErrors before anything is traced.
+- bad set-ups are ConfigErrors before anything is traced;
+- ranks of one plan fed different batches raise ConfigError on every rank,
+  and a graph the runtime cannot run is an error over ranks, not an eager run;
+- a pp x dp mesh trains like eager on the global batch, its DCP checkpoint
+  loads into an eager model with equal tensors, and training resumes from
+  its last checkpoint after a rank is killed under torchrun.
 """
 
 from __future__ import annotations
@@ -519,6 +524,10 @@ def test_bad_distributed_options_are_config_errors() -> None:
         modelpar.planning.options.resolve_options({"devices": 2, "peer_timeout": 5})
     with pytest.raises(modelpar.ConfigError, match="peer_timeout"):
         modelpar.planning.options.resolve_options({"devices": "world", "peer_timeout": -1})
+    with pytest.raises(modelpar.ConfigError, match="input_check_every is for runs over a process"):
+        modelpar.planning.options.resolve_options({"devices": 2, "input_check_every": 2})
+    with pytest.raises(modelpar.ConfigError, match="input_check_every takes an int >= 0"):
+        modelpar.planning.options.resolve_options({"devices": "world", "input_check_every": -1})
 
 
 def test_devices_other_than_the_group_size_is_a_config_error() -> None:
@@ -582,3 +591,210 @@ def test_materialized_ranks_hold_only_their_own_parameters(schedule: str) -> Non
             want = 1.0 if owners[n] == [r["rank"]] else 0.0
             assert r["after_init"][n] == want and r["after_steps"][n] == want, (r["rank"], n, r)
         assert r["resident_bytes"] < 0.9 * r["total_bytes"], r
+
+
+@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+def test_ranks_fed_different_batches_raise_config_error_on_every_rank(schedule: str) -> None:
+    # Note [Inputs every rank must agree on]: each rank reads only the inputs
+    # placed on its device, so ranks each drawing their own batch trained on
+    # x from one and y from another, silently. The first step's fingerprint
+    # all-gather makes it a ConfigError on every rank naming the inputs and
+    # ranks, before anything changes (the worker checks the parameters);
+    # the same batches then train like eager.
+    results = _all_ok(_launch(2, "inputs", schedule))
+    for r in results:
+        assert "different data for 'x', 'y'" in r["error"], r["error"]
+        assert "'x' differs in values between ranks [0] vs [1]" in r["error"], r["error"]
+        assert "DistributedSampler" in r["error"], r["error"]
+    assert results[0]["losses"] == results[1]["losses"]
+
+
+def test_an_unsupported_graph_over_ranks_is_an_error_not_an_eager_run() -> None:
+    # Note [No eager fallback over ranks]: without a process group a graph
+    # the runtime cannot run falls back to eager with a warning; over ranks
+    # each rank would run it with its own stale copies of other ranks'
+    # parameters, so it is an error naming the graph and why (every rank
+    # compiles the same graph and raises alike; one rank shows it here).
+    import torch.distributed as dist
+    from test_compile_backend import _WithCond
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        fast = torch.compile(_WithCond(), backend="modelpar", options={"devices": "world"})
+        with pytest.raises(torch._dynamo.exc.BackendCompilerFailed) as err:
+            fast(torch.randn(3, 4))
+        inner = err.value.inner_exception
+        assert isinstance(inner, modelpar.UnsupportedOpError), repr(inner)
+        assert "higher-order op cond" in str(inner), str(inner)
+        assert "the forward graph of forward" in str(inner), str(inner)
+        assert "never run eagerly instead" in str(inner), str(inner)
+    finally:
+        torch._dynamo.reset()
+        dist.destroy_process_group()
+
+
+def _load_checkpoint_into_eager(folder: Path, world: int) -> None:
+    """The DCP checkpoint the mesh scenario saved, loaded into an eager MLP
+    and optimizer in this process (no process group): every tensor equals
+    the one its home rank held (the model gathered from the homes of
+    replica 0; each rank's momentum buffers, equal over the replicas)."""
+    from models import MLP
+    torch.manual_seed(1)  # other values than the checkpoint's
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    modelpar.distributed.checkpoint.load(model, opt, folder / "dcp")
+    reference = torch.load(folder / "reference.pt")
+    state = model.state_dict()
+    assert list(state) == list(reference["model"])
+    for name, want in reference["model"].items():
+        assert torch.equal(state[name], want), name
+    momentum: dict[str, torch.Tensor] = {}
+    for rank in range(world):
+        for name, buf in torch.load(folder / f"momentum.rank{rank}.pt").items():
+            assert name not in momentum or torch.equal(momentum[name], buf), name
+            momentum[name] = buf
+    assert sorted(momentum) == sorted(n for n, _ in model.named_parameters())
+    for name, p in model.named_parameters():
+        assert torch.equal(opt.state[p]["momentum_buffer"], momentum[name]), name
+    assert opt.param_groups[0]["momentum"] == 0.9 and opt.param_groups[0]["lr"] == 0.05
+
+
+@pytest.mark.parametrize("pp,dp,schedule", [(1, 2, "none"), (2, 1, "1f1b"), (2, 2, "1f1b")])
+def test_a_mesh_trains_like_eager_on_the_global_batch(pp: int, dp: int, schedule: str,
+                                                      tmp_path) -> None:
+    # options["mesh"]: each dp replica runs the plan over its pp ranks on its
+    # share of the global batch (a DistributedSampler over dp); each stage's
+    # gradients are averaged over its dp group. The worker checks each
+    # replica's loss, every averaged gradient and every parameter after 3
+    # momentum-SGD steps against eager on the global batch (the average of
+    # dp means of equal shares is the global mean up to the order of its
+    # sums, within the MLP's tolerances.py bound), then saves a DCP
+    # checkpoint, which loads into an eager model here with equal tensors.
+    results = _all_ok(_launch(pp * dp, "mesh", str(pp), str(dp), schedule, str(tmp_path)))
+    assert sorted(r["replica"] for r in results) == sorted(list(range(dp)) * pp)
+    for r in results:
+        if dp > 1:
+            assert f"data parallel: gradients averaged over a dp group of {dp} ranks" in \
+                r["summary"], r["summary"]
+            assert "bucket" in r["summary"], r["summary"]
+            # the all-reduce on a track of its own in the measured trace
+            assert len(r["reduces"]) >= 1 and min(r["reduces"]) >= 0, r["reduces"]
+    # the replicas' losses differ (their batches do); the stages of one agree
+    by_replica: dict[int, list] = {}
+    for r in results:
+        by_replica.setdefault(r["replica"], []).append(r["losses"])
+    assert all(all(ls == v[0] for ls in v) for v in by_replica.values()), by_replica
+    if dp > 1:
+        assert by_replica[0] != by_replica[1]
+    _load_checkpoint_into_eager(tmp_path, pp * dp)
+
+
+def test_bad_mesh_options_are_config_errors() -> None:
+    # Validated up front, before anything is traced, naming the sizes.
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    resolve = modelpar.planning.options.resolve_options
+    with pytest.raises(modelpar.ConfigError, match="mesh needs devices='world'"):
+        resolve({"devices": 2, "mesh": {"pp": 2, "dp": 1}})
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(modelpar.ConfigError,
+                           match=r"mesh pp=2 x dp=2 = 4 ranks, but the world has 1"):
+            resolve({"devices": "world", "mesh": {"pp": 2, "dp": 2}})
+        with pytest.raises(modelpar.ConfigError, match="keys 'pp' and 'dp'"):
+            resolve({"devices": "world", "mesh": {"pp": 1, "tp": 1}})
+        with pytest.raises(modelpar.ConfigError, match=r"mesh\['dp'\]=0 is not valid"):
+            resolve({"devices": "world", "mesh": {"pp": 1, "dp": 0}})
+        with pytest.raises(modelpar.ConfigError, match="give one"):
+            resolve({"devices": "world", "mesh": {"pp": 1, "dp": 1},
+                     "process_group": dist.distributed_c10d._get_default_group()})
+        with pytest.raises(modelpar.ConfigError, match="named 'pp' and 'dp'"):
+            resolve({"devices": "world",
+                     "mesh": init_device_mesh("cpu", (1, 1), mesh_dim_names=("pp", "tp"))})
+        opts = resolve({"devices": "world", "mesh": {"pp": 1, "dp": 1}})
+        assert opts.world and opts.devices == 1 and opts.dp_group is not None
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "pp"))
+        assert resolve({"devices": "world", "mesh": mesh}).mesh is mesh
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_checkpoint_round_trips_in_one_process_and_refuses_another_model(tmp_path) -> None:
+    # Without a process group: DCP's no_dist save and load, every entry
+    # (model, momentum buffers, param groups) back equal; another model is
+    # a ConfigError naming the missing entry, a missing folder one naming it.
+    from models import MLP
+    ckpt = modelpar.distributed.checkpoint
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.nn.functional.mse_loss(model(torch.randn(4, 16)), torch.randn(4, 4)).backward()
+    opt.step()
+    ckpt.save(model, opt, tmp_path / "c")
+    torch.manual_seed(1)
+    other = MLP()
+    other_opt = torch.optim.SGD(other.parameters(), lr=0.5, momentum=0.5)
+    ckpt.load(other, other_opt, tmp_path / "c")
+    for (n, a), b in zip(model.state_dict().items(), other.state_dict().values()):
+        assert torch.equal(a, b), n
+    for p, q in zip(model.parameters(), other.parameters()):
+        assert torch.equal(opt.state[p]["momentum_buffer"], other_opt.state[q]["momentum_buffer"])
+    assert other_opt.param_groups[0]["lr"] == 0.1
+    with pytest.raises(modelpar.ConfigError, match="has no tensor '0.fc1.weight' of the model"):
+        ckpt.load(torch.nn.Sequential(MLP()), None, tmp_path / "c")
+    with pytest.raises(modelpar.ConfigError, match="cannot read a DCP checkpoint"):
+        ckpt.load(model, None, tmp_path / "missing")
+
+
+def test_training_survives_a_killed_rank_by_resuming_from_its_last_checkpoint(tmp_path) -> None:
+    # examples/torchrun_train.py --resume under torchrun --max-restarts 1: rank
+    # 1 SIGKILLs itself at step 3 (the checkpoint of steps 0-1 written), the
+    # agent restarts the group, the script loads the last complete DCP
+    # checkpoint and goes on: every step's loss equals the uninterrupted
+    # run's, bit for bit (the same plan, the same parameters, the same batches).
+    example = Path(__file__).resolve().parents[2] / "examples" / "torchrun_train.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+
+    def run(folder: Path, *extra: str) -> tuple[dict[int, float], str]:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                               "2", "--max-restarts", "1", "--master-port", str(_free_port()),
+                               str(example), "--pipeline", "1f1b", "--steps", "6",
+                               "--resume", str(folder), "--checkpoint-every", "2", *extra],
+                              env=env, capture_output=True, text=True, timeout=2 * LIMIT_S)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        losses = {int(line.split()[1]): float(line.split()[-1])
+                  for line in done.stdout.splitlines() if line.startswith("step ")}
+        return losses, done.stdout
+
+    whole, _ = run(tmp_path / "whole")
+    resumed, out = run(tmp_path / "killed", "--kill-at", "3")
+    assert f"resumed from {tmp_path / 'killed' / 'step2'}" in out, out
+    assert sorted(whole) == list(range(6)) and resumed == whole, (resumed, whole)
+
+
+def test_input_fingerprints_see_shape_dtype_and_sampled_values_and_the_check_period() -> None:
+    import torch.distributed as dist
+    from modelpar.distributed.input_check import SAMPLES, AgreementCheck, fingerprint
+    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    assert fingerprint(x) == fingerprint(x.clone())
+    assert fingerprint(x)[0] != fingerprint(x.double())[0]          # dtype
+    assert fingerprint(x)[0] != fingerprint(x.reshape(32, 128))[0]  # shape
+    changed = x.clone()
+    changed.view(-1)[4096 // SAMPLES] += 1                          # a sampled element
+    assert fingerprint(changed)[0] == fingerprint(x)[0] and fingerprint(changed) != fingerprint(x)
+    assert fingerprint(x.t()) != fingerprint(x)                     # a view's own order
+    assert fingerprint(torch.ones(3, dtype=torch.bool)) != fingerprint(torch.zeros(3, dtype=torch.bool))
+    assert fingerprint(8) != fingerprint(9) and fingerprint(None) == fingerprint(None)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        group = dist.distributed_c10d._get_default_group()
+        for every, due in ((0, [True, False, False, False, False]),
+                           (2, [True, False, True, False, True])):
+            check = AgreementCheck(group, [0], ["x"], every, 5.0, "a step", lambda n, d: d)
+            got = []
+            for _ in range(5):
+                got.append(check.due())
+                check.maybe_check([x])
+            assert got == due, (every, got)
+    finally:
+        dist.destroy_process_group()

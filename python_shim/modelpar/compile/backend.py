@@ -767,6 +767,7 @@ class _Capture:
         Raises:
             ConfigError: the ranks planned differently.
         """
+        from ..distributed.data_parallel import gradient_reducer
         from ..distributed.rank_executor import RankExecutor
         from ..distributed.plan_check import check_same_plan
         check_same_plan(str(program), self.opts.process_group,
@@ -788,10 +789,21 @@ class _Capture:
                                 | set(scalars))
         else:  # inference, or a forward planned alone: every output
             replicated = list(range(len(program.graph.output_names)))
+        what = f"the {kind.value} graph of {self.plan.function}"
+        # Under a mesh the backward's parameter gradients are averaged over
+        # the dp group (Note [Gradients averaged over the replicas]).
+        grads = [o for k, o in enumerate(imported.output_map)
+                 if kind is GraphKind.BACKWARD and o >= 0 and k < len(self.fw_input_roles)
+                 and self.fw_input_roles[k] is InputRole.PARAM]
         ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
                           timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
                           record_trace=self.opts.trace is not None,
-                          trains=kind is not GraphKind.INFERENCE)
+                          trains=kind is not GraphKind.INFERENCE, what=what,
+                          # a backward's inputs are saved values, held where made
+                          check_inputs=(None if kind is GraphKind.BACKWARD
+                                        else self.opts.input_check_every),
+                          replicas=self.opts.dp_group,
+                          data_parallel=gradient_reducer(self.opts, self.plan, grads, what))
         self.executors[kind.value] = ex
         return _RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
                         placeholders=kind is GraphKind.FORWARD)
@@ -803,6 +815,19 @@ class _Capture:
         if self.opts.strict:
             raise UnsupportedOpError(f"modelpar strict: {where} cannot run on the modelpar "
                                      f"runtime: {detail}") from error
+        if self.opts.world:
+            # Note [No eager fallback over ranks]: each rank would run the
+            # whole graph eagerly with its own copies of the parameters, which
+            # only their home rank updates (or release_unowned has freed), and
+            # a mesh's gradients would not be averaged: a silent wrong answer.
+            # Every rank compiles the same graph and raises here alike.
+            raise UnsupportedOpError(
+                f"modelpar distributed: {where} cannot run on the modelpar runtime: {detail}; "
+                "over ranks (devices='world') a graph is never run eagerly instead, since each "
+                "rank would compute with its own stale (or released) copies of the parameters "
+                "other ranks own. Move what stops it out of the compiled function (or behind "
+                "torch.compiler.disable, which makes it a graph break), or compile this model "
+                "without devices='world'") from error
         warn_once(what, f"modelpar: {detail}; {where} runs eagerly instead of on the modelpar "
                       "runtime (this warning is shown once; options={'strict': True} makes "
                       "it an error)", stacklevel=2)

@@ -436,6 +436,7 @@ class PipelineStep:
         Raises:
             ConfigError: the ranks planned differently.
         """
+        from ..distributed.data_parallel import gradient_reducer
         from ..distributed.rank_executor import RankExecutor
         from ..distributed.plan_check import check_same_plan
         check_same_plan(str(program), self.opts.process_group,
@@ -457,10 +458,17 @@ class PipelineStep:
         replicated |= {o for o, x in grads if role_of.get(x) == "input"}
         homes = sorted({(o, device_of[x]) for o, x in grads if role_of.get(x) != "input"})
         replicated = sorted(replicated)
+        what = f"the pipelined step of {self.name} at batch {batch}"
         return RankExecutor(program, self.opts.process_group, device=self.rank_device,
                             timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
                             output_homes=homes, record_trace=self.opts.trace is not None,
-                            trains=self.graph_kind == "training")
+                            trains=self.graph_kind == "training", what=what,
+                            # the second part's inputs are values the first left where made
+                            check_inputs=self.opts.input_check_every if k == 0 else None,
+                            replicas=self.opts.dp_group,
+                            # Note [Gradients averaged over the replicas]
+                            data_parallel=gradient_reducer(self.opts, self.record,
+                                                           [o for o, _ in homes], what))
 
     # -- running ---------------------------------------------------------
 

@@ -160,6 +160,9 @@ class Plan:
     #: Where the last step's measured / simulated Chrome traces were written.
     trace_path: str | None = None
     simulated_trace_path: str | None = None
+    #: Under a mesh with a dp dimension: the GradientReducer of the step
+    #: (distributed/data_parallel.py), whose summary plans() shows.
+    data_parallel: Any = None
     _pending_forward: Any = field(default=None, repr=False)
 
     @property
@@ -242,7 +245,9 @@ class Plan:
         rank = None
         if self.options.world:
             import torch.distributed as dist
-            rank = dist.get_rank(self.options.process_group)
+            # the process's global rank: under a mesh the ranks of the dp
+            # replicas share their rank in the plan's (pp) group
+            rank = dist.get_rank()
         return step_trace_for(self.options.trace, rank)
 
     @property
@@ -395,6 +400,8 @@ class Plan:
                              f"step{'s' if len(self.step_times_us) != 1 else ''}")
             else:
                 lines.append("  measured step: not run yet")
+            if self.data_parallel is not None:
+                lines.append(f"  data parallel: {self.data_parallel.summary()}")
             if self.trace_path:
                 lines.append(f"  traces: measured {self.trace_path}, simulated "
                              f"{self.simulated_trace_path}")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -34,7 +35,10 @@ from .. import _C
 from ..errors import ExecutionError, PeerError
 from ..runtime.executor import outside_dispatch_modes
 from . import homes
+from .data_parallel import GradientReducer
 from .faults import name_failed_rank, report_failure
+from .input_check import AgreementCheck
+from .plan_check import check_same_plan
 
 __all__ = ["RankExecutor"]
 
@@ -87,6 +91,24 @@ def _close_executors() -> None:
     gc.collect()
 
 
+def _mixed_batches(names: str, detail: str) -> str:
+    return (f"modelpar distributed: the ranks of one plan were given different data for "
+            f"{names} {detail}. Each rank reads only the inputs placed on its own device, so "
+            "the step would train on inputs mixed from several ranks' batches (Note [Inputs "
+            "every rank must agree on]). Feed every rank of a pipeline the same batch: with "
+            "torch.utils.data.DistributedSampler give num_replicas and rank of the mesh's dp "
+            "dimension (its dp size and mesh.get_local_rank('dp'); without a mesh, "
+            "num_replicas=1), not the world size and global rank; or to train data-parallel "
+            "replicas on different batches, give options['mesh'] = {'pp': P, 'dp': D}")
+
+
+def _replicas_differ(names: str, detail: str) -> str:
+    return (f"modelpar distributed: the data-parallel replicas of the mesh start from different "
+            f"values of {names} {detail}; they average their gradients, so they must hold the "
+            "same parameters: seed every rank alike before building the model "
+            "(torch.manual_seed), or load the same checkpoint on every rank")
+
+
 class RankExecutor:
     """Runs rank ``rank``'s instruction list of ``program`` (a Program with
     one device per rank of ``group``) on the C++ rank executor.
@@ -99,7 +121,9 @@ class RankExecutor:
     def __init__(self, program: Any, group: Any, *, device: str = "cpu",
                  timeout_s: float = 30.0, replicated_outputs: Sequence[int] = (),
                  output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
-                 record_trace: bool = False, trains: bool = True) -> None:
+                 record_trace: bool = False, trains: bool = True, what: str = "a step",
+                 check_inputs: int | None = None, replicas: Any = None,
+                 data_parallel: GradientReducer | None = None) -> None:
         import torch.distributed as dist
         self.group = group
         self.trains = trains  # a training graph's bindings are its parameters' homes
@@ -118,11 +142,40 @@ class RankExecutor:
                                    record_trace=record_trace,
                                    reverse_group_name=reverse.group_name if reverse else "")
         _live_executors.add(self)
+        # Note [Inputs every rank must agree on] (input_check.py): the data
+        # inputs, checked over the group at the first run and every
+        # ``check_inputs`` runs (None: never; a backward's inputs are its
+        # forward's saved values, placeholders on the ranks that do not hold them).
+        graph = program.graph
+        roles = list(_C.graph_input_roles(graph))
+        names = list(graph.input_names)
+        data = [i for i, r in enumerate(roles) if r == "input"]
+        self.input_check = None if check_inputs is None else AgreementCheck(
+            group, data, [names[i] for i in data], check_inputs, timeout_s, what,
+            _mixed_batches)
+        # Note [Gradients averaged over the replicas] (data_parallel.py): the
+        # replicas (``replicas``: this rank's dp group) must run the same
+        # plan, and start from the same parameters (checked at the first run).
+        self.data_parallel = data_parallel
+        self._run_start_ns = 0
+        self.replica_check = None
+        if replicas is not None and dist.get_world_size(replicas) > 1:
+            check_same_plan(str(program), replicas,
+                            f"{what} (over the data-parallel replicas of the mesh)", timeout_s)
+            mine = [i for i, (r, d) in enumerate(zip(roles, self.input_devices))
+                    if r != "input" and d == self.rank_now]
+            self.replica_check = AgreementCheck(replicas, mine, [names[i] for i in mine], 0,
+                                                timeout_s, what, _replicas_differ)
 
     def chrome_trace(self) -> str:
         """Chrome trace JSON of the last step on this rank: one process, this
-        rank's device (needs ``record_trace=True``)."""
-        return self._ex.chrome_trace()
+        rank's device (needs ``record_trace=True``); under a mesh, with the
+        data-parallel all-reduce of each bucket on a track of its own."""
+        text = self._ex.chrome_trace()
+        if self.data_parallel is None or not self.data_parallel.stats.spans:
+            return text
+        from .data_parallel import trace_events
+        return trace_events(text, self.data_parallel.stats.spans, self._run_start_ns)
 
     def close(self) -> None:
         """Drops this executor's hold on the process group (Note [Letting go
@@ -146,8 +199,16 @@ class RankExecutor:
                           self.state_inputs, self.written_inputs)
         if homes.plan_only:  # Note [Planning without running] in distributed/materialize.py
             raise homes.Planned()
+        if self.input_check is not None:
+            self.input_check.maybe_check(inputs)
+        if self.replica_check is not None:
+            self.replica_check.maybe_check(inputs)
+        self._run_start_ns = time.perf_counter_ns()  # the step's clock, near enough (traces)
         try:
-            return outside_dispatch_modes(self._ex.run, inputs)
+            outs = outside_dispatch_modes(self._ex.run, inputs)
+            if self.data_parallel is not None:
+                self.data_parallel.reduce(outs)
+            return outs
         except PeerError as e:
             raise name_failed_rank(self.group, self.rank, e) from e
         except ExecutionError as e:

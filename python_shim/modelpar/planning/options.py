@@ -21,6 +21,8 @@ silently ignored.
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed/rank_executor.py) |
 | ``process_group`` | None or a ``torch.distributed.ProcessGroup`` | None | works: plan over this group's ranks (``devices``, when a count, must equal its size); None with ``devices="world"``: the default group |
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
+| ``mesh`` | None, ``{"pp": P, "dp": D}`` or a ``torch.distributed.device_mesh.DeviceMesh`` with dims named ``"pp"`` and ``"dp"`` | None | works with ``devices="world"``: P x D must be the world size (ConfigError naming the sizes); each of the D data-parallel replicas runs the plan over its P ranks (its pp group; a dict is laid out pipeline outermost: rank r is stage r // D of replica r % D) and every stage's gradients are averaged over its dp group by bucketed c10d all-reduces before the backward returns them (distributed/mesh.py, distributed/data_parallel.py); not with ``process_group`` nor, for D > 1, ``strategy="auto"`` |
+| ``input_check_every`` | int >= 0 | 0 | works over a process group: the first step of every executor over ranks all-gathers a fingerprint (shape, dtype, 64 strided elements) of each data input over the ranks that must feed the same batch (one pipeline) and raises ConfigError on every rank naming the inputs and ranks that differ, before anything runs; N > 0 checks again every N steps, 0 never after the first (distributed/input_check.py) |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
 
 Frameworks that call torch.compile for you (transformers' Trainer with
@@ -137,12 +139,17 @@ class CompileOptions:
     strategy: str = "manual"
     process_group: Any = None
     peer_timeout: float = 30.0
+    mesh: Any = None
+    input_check_every: int = 0
     mode: str = "default"
     #: Plan over the ranks of ``process_group`` (resolved: never None then).
     world: bool = False
     #: The ``pipeline`` keys the user gave (the rest are defaults: Note [A
     #: model that checkpoints itself] in compile/pipeline_step.py).
     pipeline_given: tuple[str, ...] = ()
+    #: With ``mesh``: this rank's data-parallel group (``process_group`` is
+    #: then its pp group); None otherwise.
+    dp_group: Any = None
 
     @property
     def pipeline_by_hand(self) -> bool:
@@ -180,12 +187,13 @@ class CompileOptions:
         """The options that differ from their defaults (for summaries)."""
         default = CompileOptions()
         return {f.name: getattr(self, f.name) for f in fields(self)
-                if f.name != "pipeline_given"
+                if f.name not in ("pipeline_given", "dp_group")
+                and getattr(self, f.name) is not getattr(default, f.name)
                 and getattr(self, f.name) != getattr(default, f.name)}
 
 
 _KEYS = tuple(f.name for f in fields(CompileOptions)
-              if f.name not in ("mode", "world", "pipeline_given"))
+              if f.name not in ("mode", "world", "pipeline_given", "dp_group"))
 
 
 def _bad(key: str, value: Any, valid: str) -> ConfigError:
@@ -347,9 +355,28 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
     if isinstance(peer_timeout, bool) or not isinstance(peer_timeout, (int, float)) \
             or not 0 < peer_timeout < float("inf"):
         raise _bad("peer_timeout", peer_timeout, "a number of seconds > 0")
-    if "peer_timeout" in options and not world:
-        raise ConfigError("modelpar options: peer_timeout is for runs over a process group; give "
-                          "devices='world' (or a process_group), or leave peer_timeout unset")
+    for key in ("peer_timeout", "input_check_every"):
+        if options.get(key) is not None and not world:
+            raise ConfigError(f"modelpar options: {key} is for runs over a process group; give "
+                              "devices='world' (or a process_group), or leave "
+                              f"{key} unset")
+    input_check_every = options.get("input_check_every", 0)
+    if isinstance(input_check_every, bool) or not isinstance(input_check_every, int) \
+            or input_check_every < 0:
+        raise _bad("input_check_every", input_check_every,
+                   "an int >= 0 (steps between input checks; 0: the first step only)")
+    mesh = options.get("mesh")
+    dp_group = None
+    if mesh is not None:
+        if process_group is not None:
+            raise ConfigError("modelpar options: mesh and process_group both name the ranks to "
+                              "plan over; give one (a mesh plans over its pp groups)")
+        if not isinstance(devices, str):
+            raise ConfigError(f"modelpar options: mesh needs devices='world', got "
+                              f"devices={devices!r}; the pipeline's size is the mesh's pp")
+        from ..distributed.mesh import resolve_mesh
+        groups = resolve_mesh(mesh)
+        mesh, process_group, dp_group = groups.mesh, groups.pp_group, groups.dp_group
     if world:
         from ..distributed.groups import group_of
         process_group = group_of(process_group)
@@ -410,6 +437,13 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                       "mode='default', by stream replay", stacklevel=2)
     elif mode == "reduce-overhead":  # torch.compile's name for CUDA graph replay
         cuda_graphs = True
+    if dp_group is not None and strategy == "auto":
+        import torch.distributed as dist
+        if dist.get_world_size(dp_group) > 1:
+            raise ConfigError("modelpar options: strategy='auto' with a mesh of dp > 1 is not yet "
+                              "supported: each replica's first rank measures for its own search, "
+                              "so replicas could choose different plans. Give the plan by hand "
+                              "(pipeline={...}, or none: m-ETF)")
     if strategy == "auto" and placer is not None:
         raise ConfigError(f"modelpar options: strategy='auto' searches the placers and pipelines "
                           f"itself, but placer={placer!r} picks one by hand; give one of the two")
@@ -438,4 +472,5 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                           pipeline_given=tuple(sorted(given_pipeline)),
                           cuda_graphs=cuda_graphs, trace=str(trace) if trace else None,
                           strategy=strategy, mode=mode, process_group=process_group,
-                          peer_timeout=float(peer_timeout), world=world)
+                          peer_timeout=float(peer_timeout), world=world, mesh=mesh,
+                          input_check_every=input_check_every, dp_group=dp_group)
