@@ -50,9 +50,9 @@ def option_rows() -> list[tuple[str, str, str, str]]:
     names = _names()
     hints = typing.get_type_hints(options.CompileOptions)
     # The fields resolve_options fills from the user's keys (the others are
-    # derived: world, pipeline_given; mode is torch.compile's own argument).
+    # derived: world, pipeline_given, dp_group; mode is torch.compile's own argument).
     keys = [f for f in dataclasses.fields(options.CompileOptions)
-            if f.name not in ("world", "pipeline_given", "mode")]
+            if f.name not in ("world", "pipeline_given", "mode", "dp_group")]
     pipeline_defaults = options.pipeline_options({})
     rows: list[tuple[str, str, str, str]] = []
 

@@ -108,6 +108,20 @@ OPTION_DOCS: dict[str, str] = {
     "peer_timeout": (
         "Seconds (a number > 0), only with a process group: how long a rank waits for a transfer "
         "with another rank before it raises `ExecutionError` naming the rank that failed."),
+    "mesh": (
+        "None, `{\"pp\": P, \"dp\": D}` or a `torch.distributed.device_mesh.DeviceMesh` with dims "
+        "named `\"pp\"` and `\"dp\"`, with `devices=\"world\"`: P x D must be the world size. Each "
+        "of the D data-parallel replicas runs the plan over its P ranks (a dict is laid out "
+        "pipeline outermost: rank r is stage r // D of replica r % D) and every stage's gradients "
+        "are averaged over its dp group by bucketed all-reduces before the backward returns them. "
+        "Not with `process_group`, nor (for D > 1) with `strategy=\"auto\"` yet. See [the mesh "
+        "option](distributed.md#the-mesh-option)."),
+    "input_check_every": (
+        "An int >= 0, over a process group: the first step of every executor over ranks compares a "
+        "fingerprint of each data input (shape, dtype, 64 strided elements) over the ranks that "
+        "must feed the same batch (one pipeline) and raises `ConfigError` on every rank naming the "
+        "inputs and ranks that differ, before anything runs. N > 0 checks again every N steps; 0 "
+        "checks the first step only."),
     "mode": (
         "torch.compile's `mode=`. `\"default\"`; `\"max-autotune\"` and "
         "`\"max-autotune-no-cudagraphs\"` mean `strategy=\"auto\"` with `devices` one CPU worker per "
