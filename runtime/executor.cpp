@@ -133,13 +133,21 @@ void Executor::Impl::runLane(int d) {
   size_t i = 0;
   bool bound = false;
   try {
+    lane.copy_back.clear();
     for (const auto& [k, v] : lane.inputs) {
+      c10::IValue placed;
       try {
-        lane.env[static_cast<size_t>(v)] = lane.device->place((*inputs_)[k]);
+        placed = lane.device->place((*inputs_)[k]);
       } catch (const std::exception&) {
         MP_RT_THROW(ExecutionError, "cannot place input %", program_.graph().value(v).name, " on ",
                     lane.device->describe(), ": ", messageOf(std::current_exception()));
       }
+      const c10::IValue& given = (*inputs_)[k];
+      if (written_inputs_[k] && placed.isTensor() && given.isTensor() &&
+          !placed.toTensor().is_same(given.toTensor())) {
+        lane.copy_back.emplace_back(k, placed.toTensor());
+      }
+      lane.env[static_cast<size_t>(v)] = std::move(placed);
     }
     bound = true;
     for (; i < lane.steps.size(); ++i) {
@@ -156,7 +164,28 @@ void Executor::Impl::runLane(int d) {
       if (capture_ != nullptr) capture_->after(d, i);
     }
     if (capture_ != nullptr) capture_->abandon(d);  // a capture left open by a cancel
-    if (!cancelled_.load()) lane.device->finishStep();
+    if (!cancelled_.load()) {
+      // Note [In-place writes reach the caller]: an input the program
+      // writes in place (batch norm's running statistics under no_grad, a
+      // static KV cache's index_copy_) that place() copied onto this device
+      // (a CPU tensor on a GPU, another GPU's, the modelpar device's) was
+      // written in the copy; the caller's tensor gets its new values here,
+      // on the worker, after the step's ops on the compute stream (current
+      // on the worker), so a GPU copy waits for them. Graph replay copies
+      // its static buffers back the same way (executor_replay.cpp).
+      for (auto& [k, placed] : lane.copy_back) {
+        try {
+          (*inputs_)[k].toTensor().copy_(placed);
+        } catch (const std::exception&) {
+          MP_RT_THROW(ExecutionError, "cannot write input %", program_.graph().value(
+                          program_.graph().inputs()[k].value).name,
+                      " back from ", lane.device->describe(), " after the step wrote it in place: ",
+                      messageOf(std::current_exception()));
+        }
+      }
+      lane.copy_back.clear();
+      lane.device->finishStep();
+    }
   } catch (const Cancelled&) {
     if (capture_ != nullptr) capture_->abandon(d);
   } catch (const std::exception&) {
@@ -319,6 +348,7 @@ void Executor::Impl::fail(Failure f) {
 void Executor::Impl::clearStep() {
   for (Lane& lane : lanes_) {
     std::fill(lane.env.begin(), lane.env.end(), c10::IValue());
+    lane.copy_back.clear();
     lane.finished = false;
     lane.waiting_for = -1;
   }

@@ -57,6 +57,10 @@ struct Lane {
   std::optional<c10::Device> place_on;
   std::vector<Step> steps;
   std::vector<std::pair<size_t, ir::ValueId>> inputs;  // graph input index, value
+  /// This step's inputs that the program writes in place and that place()
+  /// copied onto the device: written back to the caller's tensor after the
+  /// step (Note [In-place writes reach the caller] in executor.cpp).
+  std::vector<std::pair<size_t, at::Tensor>> copy_back;
   Env env;
   std::condition_variable mail_cv;  // a slot for this lane was posted, or cancel
   int32_t waiting_for = -1;         // mail awaited in a recv (guarded by mail_mu_)
@@ -173,6 +177,7 @@ class Executor::Impl {
   ExecutorOptions options_;
   std::vector<ResolvedOp> ops_;  // by NodeId
   std::vector<Lane> lanes_;
+  std::vector<bool> written_inputs_;  // by graph input: written in place by the program
   std::deque<Mail> mail_;  // a deque: Mail holds an atomic, so it does not move
 
   // Step control: workers wait for a new generation, run() for pending == 0.

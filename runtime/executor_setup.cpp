@@ -12,6 +12,7 @@
 #include "ir/printer.h"
 #include "ir/random_ops.h"
 #include "ir/verifier.h"
+#include "runtime/capture_check.h"
 #include "runtime/check.h"
 #include "runtime/executor_impl.h"
 #include "runtime/threads.h"
@@ -102,6 +103,8 @@ void Executor::Impl::resolve() {
     ops_.emplace_back(g, static_cast<ir::NodeId>(k));
     writes[k] = writesAnInput(ops_.back().handle());
   }
+  written_inputs_.assign(g.inputs().size(), false);
+  for (size_t k : inputsWrittenInPlace(program_)) written_inputs_[k] = true;
   for (size_t k = 0; k < g.inputs().size(); ++k) {
     const ir::Input& in = g.inputs()[k];
     const int d = in.device.value_or(0);

@@ -233,3 +233,31 @@ def test_workers_share_the_process_threads_among_the_devices_that_compute():
     ex = modelpar.Executor(one_device, device_map="cpu-workers",
                            threads_per_device=threads_per_worker(one_device, threads=2))
     assert ex.device_map == "1 cpu-workers x 2 threads"
+
+
+def test_an_input_written_in_place_on_a_copy_reaches_the_callers_tensor():
+    # Note [In-place writes reach the caller]: a CPU worker copies an input
+    # on another device (here the modelpar device; a GPU map copies a CPU
+    # model's tensors the same way); the program's in-place write lands in
+    # the copy and is written back after the step. Before, the caller's
+    # tensor kept its old values (batch norm's running statistics under
+    # no_grad, a static KV cache).
+    program = modelpar.parse_program("""program devices=1
+graph @g(%x: f32[4] input {device=0}, %y: f32[4] input {device=0}) {
+  %z: f32[4] = aten::add_.Tensor(%x, %y) {device=0}
+  %w: f32[4] = aten::mul.Tensor(%z, %y) {device=0}
+  return %w
+}
+device 0 {
+  run %z
+  run %w
+}
+""")
+    ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
+    x, y = torch.ones(4), torch.full((4,), 2.0)
+    assert torch.equal(ex.run([x, y])[0], torch.full((4,), 6.0))
+    assert torch.equal(x, torch.full((4,), 3.0))  # same device: written in place directly
+    xm, ym = torch.ones(4).to("modelpar"), torch.full((4,), 2.0).to("modelpar")
+    assert torch.equal(ex.run([xm, ym])[0], torch.full((4,), 6.0))
+    assert torch.equal(xm.to("cpu"), torch.full((4,), 3.0))
+    assert torch.equal(ym.to("cpu"), torch.full((4,), 2.0))  # read only: left alone
