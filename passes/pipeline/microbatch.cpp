@@ -517,9 +517,9 @@ ir::Graph Microbatcher::build() {
     // Note [Counted means]: a value times this micro-batch's target count.
     auto timesCount = [&](ValueId v, const std::string& name, const std::string& layer, Phase ph) {
       ValueId t = local[static_cast<size_t>(d_.count)];
-      MP_CHECK(t != ir::kNoId, InternalError,
-               "{}: graph @{}: %{} is scaled by the target count before %{} is computed", kWho,
-               g_.name(), out.value(v).name, g_.value(d_.count).name);
+      MP_INTERNAL_ASSERT(t != ir::kNoId,
+                         "{}: graph @{}: %{} is scaled by the target count before %{} is computed", kWho,
+                         g_.name(), out.value(v).name, g_.value(d_.count).name);
       NodeId s = out.addNode("aten::mul.Tensor", {Arg::value(v), Arg::value(t)},
                              {{fresh(name), out.value(v).type}});
       addAttrs(s, layer, ph, mb);
