@@ -36,6 +36,9 @@ void checkOptions(const PlacementOptions& o) {
   MP_CHECK(o.msct_lp_time_limit_s > 0, ConfigError,
            "modelpar {}: msct_lp_time_limit_s={} is not valid; it takes seconds > 0",
            kPlanPlacementId, o.msct_lp_time_limit_s);
+  MP_CHECK(o.msct_lp_iteration_limit >= 0, ConfigError,
+           "modelpar {}: msct_lp_iteration_limit={} is not valid; it takes a count of simplex "
+           "iterations >= 0 (0: none)", kPlanPlacementId, o.msct_lp_iteration_limit);
   MP_CHECK(o.cost_options.optimizer_state_factor >= 0, ConfigError,
            "modelpar {}: cost_options.optimizer_state_factor={} is not valid; it takes a number "
            ">= 0", kPlanPlacementId, o.cost_options.optimizer_state_factor);
@@ -256,6 +259,7 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
     } else if (o.placer == "m-sct") {
       MSctOptions so;
       so.threshold = o.msct_threshold;
+      so.lp_iteration_limit = o.msct_lp_iteration_limit;
       so.lp_time_limit_s = o.msct_lp_time_limit_s;
       so.stats = &msct;
       placement = placeMSct(g, tg, machine, so);
@@ -274,7 +278,7 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
     ps.detail += fmt::format("; {} LP{} {}x{} in {}, {}, {} favourites", msct.lp_windows,
                              msct.lp_windows == 1 ? "" : "s", msct.lp_rows, msct.lp_columns,
                              formatMicros(msct.lp_seconds * 1e6),
-                             msct.lp_optimal ? "optimal" : "not optimal (time limit)",
+                             msct.lp_optimal ? "optimal" : "not optimal (iteration or time limit)",
                              msct.favourite_edges);
   }
   // Nodes moved after the placer checked memory (pinned layers, in-place

@@ -162,6 +162,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   base.machine = o.machine;
   base.memory_bytes = o.memory_bytes;
   base.msct_lp_time_limit_s = o.msct_lp_time_limit_s;
+  base.msct_lp_iteration_limit = o.msct_lp_iteration_limit;
   base.dump_dir = "";
   base.record_timeline = o.record_timeline;
   if (!symbol.empty()) base.cost_options.symbol_sizes[symbol] = batch;
