@@ -22,12 +22,12 @@
   throw ::modelpar::ErrorType(::fmt::format(__VA_ARGS__), __FILE__, __LINE__)
 
 /// Marks an invariant of modelpar's own code; failing it is a modelpar bug.
+/// The one internal assert: throws InternalError, whose message starts with
+/// "modelpar internal error (please report): " (ir/error.h).
 #define MP_INTERNAL_ASSERT(cond, ...)                                        \
   do {                                                                       \
     if (!(cond)) {                                                           \
-      throw ::modelpar::InternalError(                                       \
-          "modelpar internal error (please report): " +                      \
-              ::fmt::format(__VA_ARGS__),                                    \
-          __FILE__, __LINE__);                                               \
+      throw ::modelpar::InternalError(::fmt::format(__VA_ARGS__), __FILE__,  \
+                                      __LINE__);                             \
     }                                                                        \
   } while (false)

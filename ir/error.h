@@ -63,9 +63,24 @@ class ExecutionError : public Error {
   using Error::Error;
 };
 
-/// A broken invariant inside modelpar itself: a bug to report.
+/// What every InternalError's message starts with.
+inline constexpr const char* kInternalErrorPrefix = "modelpar internal error (please report): ";
+
+/// A broken invariant inside modelpar itself: a bug to report. Raised by the
+/// one internal assert, MP_INTERNAL_ASSERT (ir/check.h; the PyTorch-side
+/// folders wrap it as MP_RT_INTERNAL_ASSERT, runtime/check.h). The message
+/// always starts with kInternalErrorPrefix, added here when missing.
 class InternalError : public Error {
-  using Error::Error;
+ public:
+  InternalError(std::string message, const char* file = "", int line = 0)
+      : Error(prefixed(std::move(message)), file, line) {}
+
+ private:
+  static std::string prefixed(std::string message) {
+    const std::string prefix(kInternalErrorPrefix);
+    if (message.compare(0, prefix.size(), prefix) != 0) message.insert(0, prefix);
+    return message;
+  }
 };
 
 }  // namespace modelpar

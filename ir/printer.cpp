@@ -136,8 +136,8 @@ std::string printArg(const Graph& g, const Arg& a) {
       return s + ']';
     }
   }
-  MP_THROW(InternalError, "modelpar internal error: printing graph @{}: argument of unknown kind {}",
-           g.name(), static_cast<int>(a.kind()));
+  MP_INTERNAL_ASSERT(false, "printing graph @{}: argument of unknown kind {}",
+                     g.name(), static_cast<int>(a.kind()));
 }
 
 std::string printNode(const Graph& g, NodeId id) {

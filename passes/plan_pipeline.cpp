@@ -168,61 +168,59 @@ std::string PipelinePlan::summary() const {
   return out;
 }
 
-PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
-  checkOptions(o);
-  PlacementOptions machine_options;
-  machine_options.devices = o.devices;
-  machine_options.machine = o.machine;
-  machine_options.memory_bytes = o.memory_bytes;
-  DeviceModel machine = planMachine(machine_options);  // checks memory and machine size
-  ir::verify(step);
+namespace {
 
-  PipelinePlan plan;
-  plan.machine = machine;
-  plan.schedule = o.schedule;
-  plan.checkpoint = o.checkpoint;
-  plan.portals = o.portals;
-  plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);
-  PassRunner timer(kPlanPipelineId, step.name(), 11, o);
-
-  // 0. The module names as a chain of layers (merging cycles, placing
-  //    unlayered nodes); every later pass works on this graph.
+// 0. The module names as a chain of layers (merging cycles, placing
+//    unlayered nodes); every later pass works on this graph.
+LayerOrder runLayerOrder(PassRunner& timer, const ir::Graph& step) {
   LayerOrder order = timer.run("layer-order", [&] { return orderLayers(step); });
   timer.last().detail = fmt::format("{} layers ({} merged, {} unlayered nodes placed)",
                                     order.layers.size(), order.merged_layers,
                                     order.unlayered_nodes);
   timer.verifyGraph(order.graph);
-  const ir::Graph& ordered = order.graph;
+  return order;
+}
 
-  // 1. Stages from one micro-batch: the step at the first micro-batch's size.
+// 1. Stages from one micro-batch: the step at the first micro-batch's size,
+//    costed and read as a chain of layers.
+LayerChain chainOfOneMicrobatch(PassRunner& timer, const ir::Graph& step, const LayerOrder& order,
+                                const DeviceModel& machine, const PipelinePlan& plan,
+                                const PipelinePlanOptions& o) {
   MicrobatchOptions one = o.microbatch;
   one.microbatches = 1;
   one.batch_size = plan.microbatch_sizes.front();
-  ir::Graph unit = timer.run("microbatch-1", [&] { return microbatch(ordered, one); });
+  ir::Graph unit = timer.run("microbatch-1", [&] { return microbatch(order.graph, one); });
   timer.verifyGraph(unit);
   timer.run("cost-1", [&] { return estimateCosts(unit, machine, o.cost_options); });
   timer.verifyGraph(unit);
-  plan.chain = timer.run("chain", [&] {
+  LayerChain chain = timer.run("chain", [&] {
     ChainOptions co;
     co.weight_copies = o.weight_copies;
     co.inherit_layers = true;  // nodes microbatch adds (output cat, loss sum)
     co.layer_order = order.layers;
     return chainFromGraph(unit, co);
   });
-  timer.last().detail = fmt::format("{} layers", plan.chain.size());
+  timer.last().detail = fmt::format("{} layers", chain.size());
   // N devices are N stages, one per device (MadPipe may share a device):
   // a chain shorter than that cannot give them, and says so.
-  if (plan.chain.size() < o.devices) {
+  if (chain.size() < o.devices) {
     std::string names;
-    for (const ChainLayer& l : plan.chain.layers) names += (names.empty() ? "" : ", ") + l.name;
+    for (const ChainLayer& l : chain.layers) names += (names.empty() ? "" : ", ") + l.name;
     MP_THROW(ConfigError,
              "modelpar {}: graph @{} has {} layer{} ({}), so it cannot be cut into {} stages for "
              "devices={}; use devices={} or fewer, or a model with more modules (the layers are "
              "the modules that make the graph's nodes)",
-             kPlanPipelineId, step.name(), plan.chain.size(), plan.chain.size() == 1 ? "" : "s",
-             names, o.devices, o.devices, plan.chain.size());
+             kPlanPipelineId, step.name(), chain.size(), chain.size() == 1 ? "" : "s",
+             names, o.devices, o.devices, chain.size());
   }
+  return chain;
+}
 
+// 1b. The chain partitioned into stages on the devices; plan.partition and
+//     plan.stage_of_layer set. Returns each layer's stage by name.
+std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, const DeviceModel& machine,
+                                                         PipelinePlan& plan,
+                                                         const PipelinePlanOptions& o) {
   PartitionOptions po;
   po.method = o.partition;
   po.devices = o.devices;
@@ -251,8 +249,14 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
       stage_of[plan.chain.layers[static_cast<size_t>(l)].name] = s;
     }
   }
+  return stage_of;
+}
 
-  // 2. The whole step, micro-batched, checkpointed, scheduled and lowered.
+// 2. The whole step, micro-batched (gradient sums fused) and costed;
+//    plan.single_device_us set.
+ir::Graph microbatchStep(PassRunner& timer, const ir::Graph& step, const ir::Graph& ordered,
+                         const DeviceModel& machine, PipelinePlan& plan,
+                         const PipelinePlanOptions& o) {
   MicrobatchOptions all = o.microbatch;
   all.microbatches = o.microbatches;
   all.batch_size = o.batch_size;
@@ -270,14 +274,26 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   timer.run("cost", [&] { return estimateCosts(mb, machine, o.cost_options); });
   timer.verifyGraph(mb);
   plan.single_device_us = nodeTimeSum(mb);
+  return mb;
+}
 
+// 2b. Checkpointed per stage.
+CheckpointResult runCheckpoint(PassRunner& timer, const ir::Graph& mb,
+                               const std::map<std::string, int32_t, std::less<>>& stage_of,
+                               const PipelinePlanOptions& o) {
   CheckpointOptions co;
   co.mode = parseCheckpointMode(o.checkpoint);
   CheckpointResult ck =
       timer.run("checkpoint", [&] { return checkpoint(mb, stagesOfNodes(mb, stage_of), co); });
   timer.last().detail = fmt::format("{} recompute groups", ck.groups.size());
   timer.verifyGraph(ck.graph);
+  return ck;
+}
 
+// 2c. Scheduled and lowered: MadPipe's periodic pattern where it has one
+//     and the graph agrees, else the schedule's clock.
+PipelineProgram runSchedule(PassRunner& timer, const CheckpointResult& ck, const PipelinePlan& plan,
+                            const PipelinePlanOptions& o) {
   PipelineScheduleOptions so;
   so.kind = o.schedule;
   so.stage_of_node = ck.stage_of_node;
@@ -306,21 +322,55 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   timer.last().detail = fmt::format("{} devices{}", pp.program.numDevices(),
                                     patterned ? ", MadPipe's periodic pattern" : "");
   timer.verifyProgram(pp.program);
+  return pp;
+}
 
+// 2d. Simulated, and every device's simulated peak within its memory.
+SimulationReport runSimulate(PassRunner& timer, PipelineProgram& pp, const DeviceModel& machine,
+                             const PipelinePlanOptions& o) {
   SimulateOptions sim_options;
   sim_options.record_timeline = o.record_timeline;
-  plan.simulation = timer.run("simulate", [&] { return simulate(pp.program, machine, sim_options); });
-  timer.last().detail = fmt::format("step {}", formatMicros(plan.simulation.step_time_us));
+  SimulationReport sim = timer.run("simulate", [&] { return simulate(pp.program, machine, sim_options); });
+  timer.last().detail = fmt::format("step {}", formatMicros(sim.step_time_us));
   timer.verifyWith(pp.program.graph(), &pp.program, [] {}, std::string());
-  for (size_t d = 0; d < plan.simulation.devices.size(); ++d) {
+  for (size_t d = 0; d < sim.devices.size(); ++d) {
     int64_t cap = machine.device(static_cast<int>(d)).memory_bytes;
-    int64_t peak = plan.simulation.devices[d].peak_bytes;
+    int64_t peak = sim.devices[d].peak_bytes;
     MP_CHECK(peak <= cap, PlanDoesNotFitError,
              "modelpar {}: the pipelined step does not fit device {}: its simulated peak memory "
              "is {} ({} bytes) but the device has {} ({} bytes); use more micro-batches, "
              "checkpoint='always', more devices, or more memory",
              kPlanPipelineId, d, formatBytes(peak), peak, formatBytes(cap), cap);
   }
+  return sim;
+}
+
+}  // namespace
+
+PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
+  checkOptions(o);
+  PlacementOptions machine_options;
+  machine_options.devices = o.devices;
+  machine_options.machine = o.machine;
+  machine_options.memory_bytes = o.memory_bytes;
+  DeviceModel machine = planMachine(machine_options);  // checks memory and machine size
+  ir::verify(step);
+
+  PipelinePlan plan;
+  plan.machine = machine;
+  plan.schedule = o.schedule;
+  plan.checkpoint = o.checkpoint;
+  plan.portals = o.portals;
+  plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);
+  PassRunner timer(kPlanPipelineId, step.name(), 11, o);
+
+  LayerOrder order = runLayerOrder(timer, step);
+  plan.chain = chainOfOneMicrobatch(timer, step, order, machine, plan, o);
+  const auto stage_of = runPartition(timer, machine, plan, o);
+  ir::Graph mb = microbatchStep(timer, step, order.graph, machine, plan, o);
+  CheckpointResult ck = runCheckpoint(timer, mb, stage_of, o);
+  PipelineProgram pp = runSchedule(timer, ck, plan, o);
+  plan.simulation = runSimulate(timer, pp, machine, o);
   plan.stage_of_node = std::move(pp.stage_of_node);
   plan.graph = std::move(pp.graph);
   plan.placement = std::move(pp.placement);

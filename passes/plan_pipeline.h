@@ -82,11 +82,12 @@ struct PipelinePlanOptions : PassRunnerOptions {
   double weight_copies = 3.0;
   /// Keep every instruction's times in the report (for traces).
   bool record_timeline = false;
-  /// MadPipe's phase 2: CBC's time limit per pattern solve
+  /// MadPipe's phase 2: CBC's time limit per pattern solve, a backstop
   /// (PartitionOptions::madpipe_pattern_time_limit_s).
   double madpipe_pattern_time_limit_s = 10;
-  /// And its node limit (PartitionOptions::madpipe_pattern_node_limit).
-  int64_t madpipe_pattern_node_limit = 0;
+  /// And its node limit, which decides: the same pattern on every rank and
+  /// under any load (PartitionOptions::madpipe_pattern_node_limit).
+  int64_t madpipe_pattern_node_limit = 200;
 };
 
 struct PipelinePlan {

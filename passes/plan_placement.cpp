@@ -36,6 +36,9 @@ void checkOptions(const PlacementOptions& o) {
   MP_CHECK(o.msct_lp_time_limit_s > 0, ConfigError,
            "modelpar {}: msct_lp_time_limit_s={} is not valid; it takes seconds > 0",
            kPlanPlacementId, o.msct_lp_time_limit_s);
+  MP_CHECK(o.msct_lp_iteration_limit >= 0, ConfigError,
+           "modelpar {}: msct_lp_iteration_limit={} is not valid; it takes a count of simplex "
+           "iterations >= 0 (0: none)", kPlanPlacementId, o.msct_lp_iteration_limit);
   MP_CHECK(o.cost_options.optimizer_state_factor >= 0, ConfigError,
            "modelpar {}: cost_options.optimizer_state_factor={} is not valid; it takes a number "
            ">= 0", kPlanPlacementId, o.cost_options.optimizer_state_factor);
@@ -194,19 +197,22 @@ DeviceModel planMachine(const PlacementOptions& o) {
   return m;
 }
 
-PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
-  // 0. Everything that can be checked before a pass runs.
-  DeviceModel machine = planMachine(o);
+namespace {
+
+// 0. Everything that can be checked before a pass runs (the options were,
+// in planMachine): the input verifies.
+void checkInput(const ir::Graph& input) {
   try {
     ir::verify(input);
   } catch (const InvalidIrError& e) {
     MP_THROW(InvalidIrError, "modelpar {}: the input graph does not verify: {}", kPlanPlacementId,
              e.what());
   }
-  ir::Graph g = input;  // every pass works on this copy
-  PassRunner ins(kPlanPlacementId, g.name(), o.coarsen && !o.placement ? 5 : 4, o);
+}
 
-  // 1. cost
+// 1. cost
+CostStats runCost(PassRunner& ins, ir::Graph& g, const DeviceModel& machine,
+                  const PlacementOptions& o) {
   CostStats cost;
   ins.run(kCostPassId, [&] { cost = estimateCosts(g, machine, o.cost_options); });
   PassStats& cs = ins.last();
@@ -215,32 +221,39 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
   cs.detail = fmt::format("{} profiled, {} analytic, {} default", cost.profiled, cost.analytic,
                           cost.defaulted);
   ins.verifyGraph(g);
+  return cost;
+}
 
-  // 2. coarsen
+// 2. coarsen (or one unit per node)
+Coarsening runCoarsen(PassRunner& ins, ir::Graph& g, const PlacementOptions& o) {
+  if (!o.coarsen || o.placement) return nodeUnits(g);
   Coarsening units;
-  if (o.coarsen && !o.placement) {
-    ins.run(kCoarsenPassId, [&] { units = coarsen(g, o.coarsen_options); });
-    PassStats& s = ins.last();
-    s.in = static_cast<int64_t>(g.numNodes());
-    s.in_what = "nodes";
-    s.out = units.num_units;
-    s.out_what = "units";
-    s.detail = fmt::format("{} groups; {} co-placed, {} fused", units.num_groups, units.coplaced,
-                           units.fused);
-    ins.verifyWith(g, nullptr, [&] { checkCoarsening(g, units); },
-                   ins.dumping() ? coarseningText(g, units) : std::string());
-  } else {
-    units = nodeUnits(g);
-  }
+  ins.run(kCoarsenPassId, [&] { units = coarsen(g, o.coarsen_options); });
+  PassStats& s = ins.last();
+  s.in = static_cast<int64_t>(g.numNodes());
+  s.in_what = "nodes";
+  s.out = units.num_units;
+  s.out_what = "units";
+  s.detail = fmt::format("{} groups; {} co-placed, {} fused", units.num_groups, units.coplaced,
+                         units.fused);
+  ins.verifyWith(g, nullptr, [&] { checkCoarsening(g, units); },
+                 ins.dumping() ? coarseningText(g, units) : std::string());
+  return units;
+}
 
-  // 3. place
+std::string placerPassId(const PlacementOptions& o) {
+  return o.placement            ? std::string(kFixedPlacementPassId)
+         : o.placer == "m-topo" ? std::string(kMTopoPassId)
+         : o.placer == "m-sct"  ? std::string(kMSctPassId)
+                                : std::string(kMEtfPassId);
+}
+
+// 3. place: the placer chosen, or the fixed placement checked. Not yet
+// verified: runPins may still move nodes.
+Placement runPlacer(PassRunner& ins, const ir::Graph& g, const Coarsening& units,
+                    const DeviceModel& machine, const PlacementOptions& o, MSctStats& msct) {
   Placement placement;
-  MSctStats msct;
-  std::string place_id = o.placement            ? std::string(kFixedPlacementPassId)
-                         : o.placer == "m-topo" ? std::string(kMTopoPassId)
-                         : o.placer == "m-sct"  ? std::string(kMSctPassId)
-                                                : std::string(kMEtfPassId);
-  ins.run(place_id, [&] {
+  ins.run(placerPassId(o), [&] {
     if (o.placement) {  // PlacementOptions::placement: checked, not placed
       MP_CHECK(o.placement->num_devices == machine.numDevices(), ConfigError,
                "modelpar {}: the fixed placement has {} devices but the machine {}; plan for as "
@@ -256,6 +269,7 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
     } else if (o.placer == "m-sct") {
       MSctOptions so;
       so.threshold = o.msct_threshold;
+      so.lp_iteration_limit = o.msct_lp_iteration_limit;
       so.lp_time_limit_s = o.msct_lp_time_limit_s;
       so.stats = &msct;
       placement = placeMSct(g, tg, machine, so);
@@ -274,11 +288,18 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
     ps.detail += fmt::format("; {} LP{} {}x{} in {}, {}, {} favourites", msct.lp_windows,
                              msct.lp_windows == 1 ? "" : "s", msct.lp_rows, msct.lp_columns,
                              formatMicros(msct.lp_seconds * 1e6),
-                             msct.lp_optimal ? "optimal" : "not optimal (time limit)",
+                             msct.lp_optimal ? "optimal" : "not optimal (iteration or time limit)",
                              msct.favourite_edges);
   }
-  // Nodes moved after the placer checked memory (pinned layers, in-place
-  // writes to inputs): the simulator is then their memory check.
+  return placement;
+}
+
+// 3b. The pins: pinned layers' nodes and pinned inputs moved to their
+// devices, in-place writes to inputs moved to the inputs' devices; then the
+// placement verified. Returns the nodes moved after the placer checked
+// memory: the simulator is then their memory check.
+int64_t runPins(PassRunner& ins, ir::Graph& g, const PlacementOptions& o, Placement& placement) {
+  PassStats& ps = ins.last();
   int64_t moved_after_placer = 0;
   if (!o.pinned_layers.empty()) {  // PlacementOptions::pinned_layers
     std::unordered_map<std::string, int> pin(o.pinned_layers.begin(), o.pinned_layers.end());
@@ -325,8 +346,12 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
   }
   ins.verifyWith(g, nullptr, [&] { checkPlacement(g, placement); },
                  ins.dumping() ? placementText(g, placement) : std::string());
+  return moved_after_placer;
+}
 
-  // 4. lower
+// 4. lower
+ir::Program runLower(PassRunner& ins, ir::Graph& g, const Placement& placement,
+                     const PlacementOptions& o) {
   std::optional<ir::Program> program;
   ins.run(kLowerPassId, [&] { program.emplace(lower(g, placement, o.lower_options)); });
   PassStats& ls = ins.last();
@@ -344,19 +369,32 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
   ls.out_what = "instructions";
   ls.detail = fmt::format("{} transfers, {} frees", transfers, frees);
   ins.verifyProgram(*program);
+  return std::move(*program);
+}
 
-  // 5. simulate
+// 5. simulate
+SimulationReport runSimulate(PassRunner& ins, ir::Program& program, const DeviceModel& machine,
+                             const PlacementOptions& o) {
   SimulationReport sim;
   SimulateOptions so;
   so.record_timeline = o.record_timeline;
-  ins.run(kSimulatePassId, [&] { sim = simulate(*program, machine, so); });
+  ins.run(kSimulatePassId, [&] { sim = simulate(program, machine, so); });
   PassStats& ss = ins.last();
   ss.in = sim.num_instructions;
   ss.in_what = "instructions";
   ss.detail = fmt::format("step {}; critical path {} steps", formatMicros(sim.step_time_us),
                           sim.critical_path.size());
-  ins.verifyWith(program->graph(), &*program, [] {},
-                 ins.dumping() ? simulationText(*program, sim) : std::string());
+  ins.verifyWith(program.graph(), &program, [] {},
+                 ins.dumping() ? simulationText(program, sim) : std::string());
+  return sim;
+}
+
+// 5b. The simulated peaks within every device's memory: the check of a
+// fixed placement and of nodes moved after the placer; for a placer's own
+// placement, an invariant.
+void checkFits(const ir::Graph& g, const SimulationReport& sim, const DeviceModel& machine,
+               const PlacementOptions& o, int64_t moved_after_placer) {
+  const std::string place_id = placerPassId(o);
   for (size_t d = 0; d < sim.devices.size(); ++d) {
     int64_t cap = machine.device(static_cast<int>(d)).memory_bytes;
     // A fixed placement was accepted by no placer: the simulator is its check.
@@ -377,12 +415,28 @@ PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
                        "{} accepted the placement", kPlanPlacementId,
                        formatBytes(sim.devices[d].peak_bytes), d, formatBytes(cap), place_id);
   }
+}
 
+}  // namespace
+
+PlacementPlan planPlacement(const ir::Graph& input, const PlacementOptions& o) {
+  DeviceModel machine = planMachine(o);
+  checkInput(input);
+  ir::Graph g = input;  // every pass works on this copy
+  PassRunner ins(kPlanPlacementId, g.name(), o.coarsen && !o.placement ? 5 : 4, o);
+  CostStats cost = runCost(ins, g, machine, o);
+  Coarsening units = runCoarsen(ins, g, o);
+  MSctStats msct;
+  Placement placement = runPlacer(ins, g, units, machine, o, msct);
+  const int64_t moved_after_placer = runPins(ins, g, o, placement);
+  ir::Program program = runLower(ins, g, placement, o);
+  SimulationReport sim = runSimulate(ins, program, machine, o);
+  checkFits(g, sim, machine, o, moved_after_placer);
   double single = 0;
-  for (const ir::Node& n : program->graph().nodes()) single += n.cost ? n.cost->time_us : 0.0;
-  return PlacementPlan{std::move(*program), std::move(placement), std::move(units), std::move(machine),
-              std::move(sim),      cost,                 msct,             single,
-              ins.take()};
+  for (const ir::Node& n : program.graph().nodes()) single += n.cost ? n.cost->time_us : 0.0;
+  return PlacementPlan{std::move(program), std::move(placement), std::move(units), std::move(machine),
+                       std::move(sim),     cost,                 msct,             single,
+                       ins.take()};
 }
 
 }  // namespace modelpar::passes

@@ -95,8 +95,12 @@ struct PlacementOptions : PassRunnerOptions {
   CostOptions cost_options;
   /// m-TOPO: balance memory over the devices (true) or fill each in turn.
   bool mtopo_uniform = true;
-  /// m-SCT: the favourite-child rounding threshold and the LP time limit.
+  /// m-SCT: the favourite-child rounding threshold, the LP's iteration
+  /// limit (what decides where an unfinished LP stops: the same on every
+  /// rank and load; MSctOptions::lp_iteration_limit) and its time limit (a
+  /// backstop).
   double msct_threshold = 0.5;
+  int64_t msct_lp_iteration_limit = 100000;
   double msct_lp_time_limit_s = 20.0;
   LowerOptions lower_options;
   /// Keep every instruction's times in the report (needed for traces).

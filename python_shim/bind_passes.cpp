@@ -11,8 +11,7 @@
 #include <vector>
 
 #ifdef MODELPAR_HAS_PASSES
-#include "passes/option_names.h"
-#include "passes/pass_registry.h"
+#include "passes/passes.h"
 #endif
 
 namespace py = pybind11;

@@ -10,8 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "passes/pipeline/microbatch.h"
-#include "passes/search/strategy_search.h"
+#include "passes/passes.h"
 
 namespace py = pybind11;
 

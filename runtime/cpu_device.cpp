@@ -13,6 +13,7 @@
 
 #include "runtime/check.h"
 #include "runtime/device.h"
+#include "runtime/peer_streams.h"
 #include "runtime/spin_wait.h"
 #include "runtime/threads.h"
 
@@ -263,19 +264,13 @@ class CpuWorkerDevice final : public Device {
         compute_("compute", /*async=*/false, &cancelled_) {}
 
   Stream& compute() override { return compute_; }
-  Stream& tx(int peer) override {
-    auto it = tx_.find(peer);
-    MP_RT_CHECK(it != tx_.end(), InternalError, "modelpar internal error: ", describe(),
-                " has no stream to device ", peer, " (connectTo was not called)");
-    return *it->second;
-  }
+  Stream& tx(int peer) override { return tx_.at(*this, peer); }
   void connectTo(Device& peer) override {
-    MP_RT_CHECK(peer.kind() == DeviceKind::CpuWorker, InternalError,
-                "modelpar internal error: connecting a CPU worker to ", peer.describe());
-    if (tx_.count(peer.index()) != 0) return;
-    // Built before it is inserted: a stream whose thread did not start leaves no entry.
-    tx_.emplace(peer.index(), std::make_unique<CpuStream>(c10::str("tx->", peer.index()),
-                                                          /*async=*/true, &cancelled_, describe()));
+    checkSameKind(*this, peer);
+    tx_.connect(peer.index(), [&] {
+      return std::make_unique<CpuStream>(c10::str("tx->", peer.index()), /*async=*/true,
+                                         &cancelled_, describe());
+    });
   }
   std::unique_ptr<Event> newEvent() override { return std::make_unique<CpuEvent>(); }
 
@@ -325,7 +320,7 @@ class CpuWorkerDevice final : public Device {
   int threads_;
   std::atomic<bool> cancelled_{false};
   CpuStream compute_;
-  std::map<int, std::unique_ptr<CpuStream>> tx_;
+  PeerStreams<CpuStream> tx_{"tx", "to"};  // by destination
 };
 
 }  // namespace

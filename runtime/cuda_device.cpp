@@ -20,6 +20,7 @@
 
 #include "runtime/check.h"
 #include "runtime/device.h"
+#include "runtime/peer_streams.h"
 
 // Note [Dedicated CUDA streams]
 // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
@@ -118,21 +119,17 @@ class CudaDevice final : public Device {
         compute_("compute", physical.index()) {}
 
   Stream& compute() override { return compute_; }
-  Stream& tx(int peer) override {
-    auto it = tx_.find(peer);
-    MP_RT_CHECK(it != tx_.end(), InternalError, "modelpar internal error: ", describe(),
-                " has no stream to device ", peer, " (connectTo was not called)");
-    return *it->second;
-  }
+  Stream& tx(int peer) override { return tx_.at(*this, peer); }
   void connectTo(Device& peer) override {
-    MP_RT_CHECK(peer.kind() == DeviceKind::Cuda, InternalError,
-                "modelpar internal error: connecting a CUDA device to ", peer.describe());
+    checkSameKind(*this, peer);
     auto& dst = static_cast<CudaDevice&>(peer);
-    std::unique_ptr<CudaStream>& tx = tx_[dst.index()];
-    if (!tx) tx = std::make_unique<CudaStream>(c10::str("tx->", dst.index()), physical().index());
+    tx_.connect(dst.index(), [&] {
+      return std::make_unique<CudaStream>(c10::str("tx->", dst.index()), physical().index());
+    });
     if (dst.physical() != physical()) {
-      std::unique_ptr<CudaStream>& rx = dst.rx_[index()];
-      if (!rx) rx = std::make_unique<CudaStream>(c10::str("rx<-", index()), dst.physical().index());
+      dst.rx_.connect(index(), [&] {
+        return std::make_unique<CudaStream>(c10::str("rx<-", index()), dst.physical().index());
+      });
     }
   }
   std::unique_ptr<Event> newEvent() override { return std::make_unique<CudaEvent>(); }
@@ -165,10 +162,7 @@ class CudaDevice final : public Device {
     // Across GPUs ATen copies on the source's current stream (our tx) after a
     // barrier with the destination's current stream, which we make the
     // peer's rx stream; the copy is allocated there (seed 000 §1.3.3).
-    auto it = to.rx_.find(index());
-    MP_RT_CHECK(it != to.rx_.end(), InternalError, "modelpar internal error: ", to.describe(),
-                " has no receive stream from device ", index());
-    c10::cuda::CUDAMultiStreamGuard guard(it->second->get());
+    c10::cuda::CUDAMultiStreamGuard guard(to.rx_.at(to, index()).get());
     return t.to(t.options().device(to.physical()), /*non_blocking=*/true, /*copy=*/true);
   }
 
@@ -215,8 +209,8 @@ class CudaDevice final : public Device {
 
  private:
   CudaStream compute_;
-  std::map<int, std::unique_ptr<CudaStream>> tx_;  // by destination
-  std::map<int, std::unique_ptr<CudaStream>> rx_;  // by source, on this GPU
+  PeerStreams<CudaStream> tx_{"tx", "to"};    // by destination
+  PeerStreams<CudaStream> rx_{"rx", "from"};  // by source, on this GPU
   c10::cuda::CUDAEvent entry_{cudaEventDisableTiming};
   // joinCaller's: one per stream, in the order it visits them (each stays on
   // its stream's GPU, which CUDAEvent requires).

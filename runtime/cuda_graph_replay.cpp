@@ -168,8 +168,8 @@ class CudaGraphCapture final : public GraphCapture {
   void received(int d, int32_t mail, const c10::IValue& v) override {
     Device& dev = *lanes_[static_cast<size_t>(d)].device;
     const std::unique_ptr<c10::cuda::CUDAEvent>& ext = ext_[static_cast<size_t>(mail)];
-    MP_RT_CHECK(ext != nullptr, InternalError, "modelpar graph capture: device ", d,
-                " receives send slot ", mail, " before it was captured");
+    MP_RT_INTERNAL_ASSERT(ext != nullptr, "modelpar graph capture: device ", d,
+                          " receives send slot ", mail, " before it was captured");
     ext->block(cudaOf(dev.compute()));
     keep(v);
   }
@@ -214,8 +214,8 @@ class CudaGraphCapture final : public GraphCapture {
 
   void finish() override {
     std::lock_guard<std::mutex> lock(mu_);
-    MP_RT_CHECK(turn_ == order_.size(), InternalError, "modelpar graph capture: ", turn_, " of ",
-                order_.size(), " segments were captured (", toString(order_), ")");
+    MP_RT_INTERNAL_ASSERT(turn_ == order_.size(), "modelpar graph capture: ", turn_, " of ",
+                          order_.size(), " segments were captured (", toString(order_), ")");
     keep_.clear();  // back to the private pool, which no capture allocates from any more
   }
 

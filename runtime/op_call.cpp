@@ -327,8 +327,8 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
     case TypeKind::ListType:
       break;
     default:
-      MP_RT_THROW(InternalError, "modelpar internal error: node ", node_ref_, ": cannot build ",
-                  t.str());
+      MP_RT_INTERNAL_ASSERT(false, "node ", node_ref_, ": cannot build ",
+                            t.str());
   }
   // Lists: the element type decides the IValue list type the kernel unboxes.
   const c10::Type& elem = elementOf(t);
@@ -378,8 +378,8 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
       return l;
     }
     default:
-      MP_RT_THROW(InternalError, "modelpar internal error: node ", node_ref_, ": cannot build ",
-                  t.str());
+      MP_RT_INTERNAL_ASSERT(false, "node ", node_ref_, ": cannot build ",
+                            t.str());
   }
 }
 

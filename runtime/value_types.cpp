@@ -29,7 +29,7 @@ c10::ScalarType toC10(ir::ScalarType t) {
     case S::Float8E4M3FN: return c10::ScalarType::Float8_e4m3fn;
     case S::Float8E5M2: return c10::ScalarType::Float8_e5m2;
   }
-  MP_RT_THROW(InternalError, "modelpar internal error: unknown ir::ScalarType ", static_cast<int>(t));
+  MP_RT_INTERNAL_ASSERT(false, "unknown ir::ScalarType ", static_cast<int>(t));
 }
 
 c10::Layout toC10(ir::Layout l) {
@@ -39,7 +39,7 @@ c10::Layout toC10(ir::Layout l) {
     case ir::Layout::SparseCsr: return c10::kSparseCsr;
     case ir::Layout::Mkldnn: return c10::kMkldnn;
   }
-  MP_RT_THROW(InternalError, "modelpar internal error: unknown ir::Layout ", static_cast<int>(l));
+  MP_RT_INTERNAL_ASSERT(false, "unknown ir::Layout ", static_cast<int>(l));
 }
 
 c10::MemoryFormat toC10(ir::MemoryFormat m) {
@@ -49,7 +49,7 @@ c10::MemoryFormat toC10(ir::MemoryFormat m) {
     case ir::MemoryFormat::ChannelsLast: return c10::MemoryFormat::ChannelsLast;
     case ir::MemoryFormat::ChannelsLast3d: return c10::MemoryFormat::ChannelsLast3d;
   }
-  MP_RT_THROW(InternalError, "modelpar internal error: unknown ir::MemoryFormat ", static_cast<int>(m));
+  MP_RT_INTERNAL_ASSERT(false, "unknown ir::MemoryFormat ", static_cast<int>(m));
 }
 
 std::optional<ir::ScalarType> fromC10(c10::ScalarType t) {

@@ -27,36 +27,37 @@ constexpr std::string_view kWho = "modelpar checkpoint";
 
 using GroupKey = std::pair<int32_t, int>;  // stage, micro-batch
 
-}  // namespace
+// The graph and the stage of each of its nodes.
+struct Staged {
+  const ir::Graph& g;
+  const std::vector<int32_t>& stage_of_node;
 
-CheckpointMode parseCheckpointMode(std::string_view s) {
-  checkOneOf(kCheckpointPassId, "checkpoint", s, kCheckpointModeNames);
-  return s == "always" ? CheckpointMode::Always
-         : s == "never" ? CheckpointMode::Never
-                        : CheckpointMode::ExceptLast;
-}
-
-std::string_view name(CheckpointMode m) {
-  switch (m) {
-    case CheckpointMode::Always: return "always";
-    case CheckpointMode::ExceptLast: return "except_last";
-    case CheckpointMode::Never: return "never";
+  GroupKey groupOf(NodeId n) const {
+    return GroupKey{stage_of_node[static_cast<size_t>(n)], *g.node(n).microbatch};
   }
-  return "?";
-}
+  // Only a backward node on the value's own stage reads a recomputed copy:
+  // on another stage the value is a stage input, which stays stored
+  // (reading a copy would make that stage's backward wait for this stage's
+  // recompute, which itself waits for the gradient from that stage).
+  bool readsCopyOf(size_t reader, NodeId p) const {
+    return g.nodes()[reader].phase == Phase::Backward && p != ir::kNoId &&
+           stage_of_node[reader] == stage_of_node[static_cast<size_t>(p)];
+  }
+};
 
-CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stage_of_node,
-                            const CheckpointOptions& options) {
-  // 1. Stages and groups.
-  const size_t nn = g.numNodes(), nv = g.numValues();
-  MP_CHECK(stage_of_node.size() == nn, ConfigError,
+// 1. Stages and groups: every node has a stage, no node is a recompute node
+// already (unless nothing is checkpointed). Returns the last micro-batch.
+int checkStages(const Staged& s, const CheckpointOptions& options) {
+  const ir::Graph& g = s.g;
+  const size_t nn = g.numNodes();
+  MP_CHECK(s.stage_of_node.size() == nn, ConfigError,
            "{}: graph @{} has {} nodes but {} stages were given (one per node)", kWho, g.name(),
-           nn, stage_of_node.size());
+           nn, s.stage_of_node.size());
   int last_mb = -1;
   for (size_t n = 0; n < nn; ++n) {
     const ir::Node& nd = g.nodes()[n];
-    MP_CHECK(stage_of_node[n] >= 0, ConfigError, "{}: graph @{}: node {} has stage {}", kWho,
-             g.name(), g.nodeRef(static_cast<NodeId>(n)), stage_of_node[n]);
+    MP_CHECK(s.stage_of_node[n] >= 0, ConfigError, "{}: graph @{}: node {} has stage {}", kWho,
+             g.name(), g.nodeRef(static_cast<NodeId>(n)), s.stage_of_node[n]);
     // A model that checkpoints its own activations (torch.utils.checkpoint,
     // transformers' gradient_checkpointing_enable), or AOTAutograd's min-cut
     // partitioner, brings recompute nodes of its own: they stay as they are,
@@ -70,6 +71,14 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
              g.nodeRef(static_cast<NodeId>(n)));
     if (nd.microbatch) last_mb = std::max(last_mb, *nd.microbatch);
   }
+  return last_mb;
+}
+
+// 2a. The forward nodes of checkpointed micro-batches that may be
+// recomputed: not random, not in place, touching no storage mutated before
+// the backward (in-place ops outside the update).
+std::vector<char> recomputeCandidates(const ir::Graph& g, const CheckpointOptions& options,
+                                      int last_mb) {
   auto checkpointed = [&](int mb) {
     switch (options.mode) {
       case CheckpointMode::Always: return true;
@@ -78,10 +87,8 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     }
     return false;
   };
-
-  // 2. Storage mutated before the backward (in-place ops outside the update).
   std::vector<ValueId> root = storageRoots(g);
-  std::vector<char> mutated(nv, 0);
+  std::vector<char> mutated(g.numValues(), 0);
   for (const ir::Node& nd : g.nodes()) {
     if (!isInPlaceOp(nd.op) || nd.phase == Phase::Update || nd.args.empty()) continue;
     nd.args[0].forEachValue([&](ValueId v) { mutated[static_cast<size_t>(root[static_cast<size_t>(v)])] = 1; });
@@ -95,32 +102,27 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     }
     return false;
   };
-  std::vector<char> candidate(nn, 0);
-  for (size_t n = 0; n < nn; ++n) {
+  std::vector<char> candidate(g.numNodes(), 0);
+  for (size_t n = 0; n < g.numNodes(); ++n) {
     const ir::Node& nd = g.nodes()[n];
     candidate[n] = nd.phase == Phase::Forward && nd.microbatch && checkpointed(*nd.microbatch) &&
                    !nd.outputs.empty() && !ir::isRandomOp(nd.op) && !isInPlaceOp(nd.op) &&
                    !touchesMutated(nd);
   }
-  auto groupOf = [&](NodeId n) {
-    return GroupKey{stage_of_node[static_cast<size_t>(n)], *g.node(n).microbatch};
-  };
-  // Recompute set: candidate producers of values a backward node reads, and
-  // (walking backwards in graph order) candidate producers of their inputs
-  // in the same group.
-  // Only a backward node on the value's own stage reads a recomputed copy: on
-  // another stage the value is a stage input, which stays stored (reading a
-  // copy would make that stage's backward wait for this stage's recompute,
-  // which itself waits for the gradient from that stage).
-  auto readsCopyOf = [&](size_t reader, NodeId p) {
-    return g.nodes()[reader].phase == Phase::Backward && p != ir::kNoId &&
-           stage_of_node[reader] == stage_of_node[static_cast<size_t>(p)];
-  };
+  return candidate;
+}
+
+// 2b. Recompute set: candidate producers of values a backward node of their
+// stage reads, and (walking backwards in graph order) candidate producers
+// of their inputs in the same group.
+std::vector<char> recomputeSet(const Staged& s, const std::vector<char>& candidate) {
+  const ir::Graph& g = s.g;
+  const size_t nn = g.numNodes();
   std::vector<char> recompute(nn, 0);
   for (size_t n = 0; n < nn; ++n) {
     for (ValueId v : g.nodes()[n].inputs()) {
       NodeId p = g.value(v).producer;
-      if (readsCopyOf(n, p) && candidate[static_cast<size_t>(p)]) recompute[static_cast<size_t>(p)] = 1;
+      if (s.readsCopyOf(n, p) && candidate[static_cast<size_t>(p)]) recompute[static_cast<size_t>(p)] = 1;
     }
   }
   for (size_t n = nn; n-- > 0;) {
@@ -128,29 +130,41 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     for (ValueId v : g.nodes()[n].inputs()) {
       NodeId p = g.value(v).producer;
       if (p != ir::kNoId && candidate[static_cast<size_t>(p)] &&
-          groupOf(p) == groupOf(static_cast<NodeId>(n))) {
+          s.groupOf(p) == s.groupOf(static_cast<NodeId>(n))) {
         recompute[static_cast<size_t>(p)] = 1;
       }
     }
   }
-  // Where each group goes: before the first backward node reading its values.
+  return recompute;
+}
+
+// The recompute groups and where each goes.
+struct GroupPlacement {
+  std::vector<std::vector<GroupKey>> groups_before;  // per node: groups emitted before it
+  std::map<GroupKey, std::vector<NodeId>> members;
+};
+
+// 2c. Where each group goes: before the first backward node reading its
+// values, which must come after the group's forward nodes.
+GroupPlacement placeGroups(const Staged& s, const std::vector<char>& recompute) {
+  const ir::Graph& g = s.g;
+  const size_t nn = g.numNodes();
   std::map<GroupKey, size_t> first_reader;
   for (size_t n = 0; n < nn; ++n) {
     for (ValueId v : g.nodes()[n].inputs()) {
       NodeId p = g.value(v).producer;
-      if (!readsCopyOf(n, p) || !recompute[static_cast<size_t>(p)]) continue;
-      first_reader.try_emplace(groupOf(p), n);
+      if (!s.readsCopyOf(n, p) || !recompute[static_cast<size_t>(p)]) continue;
+      first_reader.try_emplace(s.groupOf(p), n);
     }
   }
-  std::vector<std::vector<GroupKey>> groups_before(nn);
-  for (const auto& [key, n] : first_reader) groups_before[n].push_back(key);
-  std::map<GroupKey, std::vector<NodeId>> members;
+  GroupPlacement gp;
+  gp.groups_before.assign(nn, {});
+  for (const auto& [key, n] : first_reader) gp.groups_before[n].push_back(key);
   for (size_t n = 0; n < nn; ++n) {
-    if (recompute[n]) members[groupOf(static_cast<NodeId>(n))].push_back(static_cast<NodeId>(n));
+    if (recompute[n]) gp.members[s.groupOf(static_cast<NodeId>(n))].push_back(static_cast<NodeId>(n));
   }
-
   for (const auto& [key, n] : first_reader) {
-    NodeId last = members[key].back();
+    NodeId last = gp.members[key].back();
     MP_CHECK(static_cast<size_t>(last) < n, InvalidIrError,
              "{}: graph @{}: forward node {} (stage {}, micro-batch {}) comes after the backward "
              "node {} that reads that micro-batch's activations; order each micro-batch's "
@@ -158,8 +172,13 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
              kWho, g.name(), g.nodeRef(last), key.first, key.second,
              g.nodeRef(static_cast<NodeId>(n)));
   }
+  return gp;
+}
 
-  // 3. The new graph.
+// 3. The new graph: each group's copies before its first backward reader.
+CheckpointResult buildCheckpointed(const Staged& s, GroupPlacement& gp) {
+  const ir::Graph& g = s.g;
+  const size_t nn = g.numNodes(), nv = g.numValues();
   CheckpointResult r{ir::Graph(g.name()), {}, {}};
   ir::Graph& out = r.graph;
   std::vector<ValueId> orig(nv, ir::kNoId), copy(nv, ir::kNoId);
@@ -174,7 +193,7 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     rules.value = [&](ValueId v) {
       ValueId c = copy[static_cast<size_t>(v)];
       NodeId p = g.value(v).producer;
-      bool use = c != ir::kNoId && (group ? groupOf(p) == *group : readsCopyOf(n, p));
+      bool use = c != ir::kNoId && (group ? s.groupOf(p) == *group : s.readsCopyOf(n, p));
       return use ? c : orig[static_cast<size_t>(v)];
     };
     if (as_recompute) {
@@ -195,21 +214,49 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
     return id;
   };
   for (size_t n = 0; n < nn; ++n) {
-    for (const GroupKey& key : groups_before[n]) {
+    for (const GroupKey& key : gp.groups_before[n]) {
       RecomputeGroup grp{key.first, key.second, {}};
-      for (NodeId m : members[key]) {
+      for (NodeId m : gp.members[key]) {
         grp.nodes.push_back(emit(static_cast<size_t>(m), /*as_recompute=*/true, key));
         r.stage_of_node.push_back(key.first);
       }
       r.groups.push_back(std::move(grp));
     }
     emit(n, /*as_recompute=*/false, std::nullopt);
-    r.stage_of_node.push_back(stage_of_node[n]);
+    r.stage_of_node.push_back(s.stage_of_node[n]);
   }
   std::vector<ValueId> outputs;
   for (ValueId v : g.outputs()) outputs.push_back(orig[static_cast<size_t>(v)]);
   out.setOutputs(std::move(outputs));
   return r;
+}
+
+}  // namespace
+
+CheckpointMode parseCheckpointMode(std::string_view s) {
+  checkOneOf(kCheckpointPassId, "checkpoint", s, kCheckpointModeNames);
+  return s == "always" ? CheckpointMode::Always
+         : s == "never" ? CheckpointMode::Never
+                        : CheckpointMode::ExceptLast;
+}
+
+std::string_view name(CheckpointMode m) {
+  switch (m) {
+    case CheckpointMode::Always: return "always";
+    case CheckpointMode::ExceptLast: return "except_last";
+    case CheckpointMode::Never: return "never";
+  }
+  return "?";
+}
+
+CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stage_of_node,
+                            const CheckpointOptions& options) {
+  const Staged s{g, stage_of_node};
+  const int last_mb = checkStages(s, options);
+  const std::vector<char> candidate = recomputeCandidates(g, options, last_mb);
+  const std::vector<char> recompute = recomputeSet(s, candidate);
+  GroupPlacement gp = placeGroups(s, recompute);
+  return buildCheckpointed(s, gp);
 }
 
 }  // namespace modelpar::passes

@@ -77,17 +77,15 @@ ir::Graph withInheritedLayers(const ir::Graph& input, const std::vector<std::str
   return g;
 }
 
-LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
-  if (options.inherit_layers) {
-    ChainOptions strict = options;
-    strict.inherit_layers = false;
-    return chainFromGraph(withInheritedLayers(input, options.layer_order), strict);
-  }
-  const ir::Graph& g = input;
-  // 1. Layers in order of their first forward node; check layers and costs.
+namespace {
+
+constexpr int kNotForward = -2, kBeforeChain = -1;
+
+// 1. Layers in order of their first forward node; check layers and costs.
+// Fills chain.layers; returns each layer's index by name.
+std::unordered_map<std::string, int> chainLayers(const ir::Graph& g, const ChainOptions& options,
+                                                 LayerChain& chain) {
   std::unordered_map<std::string, int> index;
-  LayerChain chain;
-  chain.weight_copies = options.weight_copies;
   for (const std::string& l : options.layer_order) {
     MP_CHECK(index.emplace(l, chain.size()).second, ConfigError,
              "modelpar partition: layer '{}' is listed twice in layer_order", l);
@@ -114,15 +112,25 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
   MP_CHECK(!chain.layers.empty(), ConfigError,
            "modelpar partition: graph @{} has no forward node with a layer; a pipeline needs "
            "layers (capture with module names, or set `layer` attributes)", g.name());
+  return index;
+}
 
-  // 2. Times, the layer of each node, the position where each value is made.
-  constexpr int kNotForward = -2, kBeforeChain = -1;
-  std::vector<int> layer_of(g.numNodes(), -1);
-  std::vector<int> made_at(g.numValues(), kNotForward);
-  for (const ir::Input& in : g.inputs()) {
-    if (in.role == ir::InputRole::Input) made_at[static_cast<size_t>(in.value)] = kBeforeChain;
-  }
+// Where step 2 found each node and value.
+struct Positions {
+  std::vector<int> layer_of;  // per node; -1: an update node
+  std::vector<int> made_at;   // per value: its forward layer, kBeforeChain or kNotForward
   bool has_backward = false;
+};
+
+// 2. Times, the layer of each node, the position where each value is made.
+Positions layerTimes(const ir::Graph& g, const std::unordered_map<std::string, int>& index,
+                     LayerChain& chain) {
+  Positions pos;
+  pos.layer_of.assign(g.numNodes(), -1);
+  pos.made_at.assign(g.numValues(), kNotForward);
+  for (const ir::Input& in : g.inputs()) {
+    if (in.role == ir::InputRole::Input) pos.made_at[static_cast<size_t>(in.value)] = kBeforeChain;
+  }
   for (size_t i = 0; i < g.numNodes(); ++i) {
     const ir::Node& n = g.node(static_cast<ir::NodeId>(i));
     if (n.phase && *n.phase == ir::Phase::Update) continue;
@@ -132,24 +140,27 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
              "node; give it the layer of the forward it differentiates",
              g.nodeRef(static_cast<ir::NodeId>(i)), n.layer);
     int l = it->second;
-    layer_of[i] = l;
+    pos.layer_of[i] = l;
     ChainLayer& x = chain.layers[static_cast<size_t>(l)];
     if (isForward(n)) {
       x.fwd_us += n.cost->time_us;
-      for (ir::ValueId v : n.outputs) made_at[static_cast<size_t>(v)] = l;
+      for (ir::ValueId v : n.outputs) pos.made_at[static_cast<size_t>(v)] = l;
     } else {
       x.bwd_us += n.cost->time_us;
-      has_backward = true;
+      pos.has_backward = true;
     }
   }
+  return pos;
+}
 
-  // 3. Weights (first reader in chain order), stored bytes, cut spans.
+// 3. Weights (first reader in chain order), stored bytes, cut spans.
+void layerBytes(const ir::Graph& g, const Positions& pos, LayerChain& chain) {
   std::vector<int> param_owner(g.numValues(), -1);
   std::vector<int> last_reader(g.numValues(), -1);
   std::set<std::pair<int, ir::ValueId>> stored;  // (layer, value), counted once
   for (size_t i = 0; i < g.numNodes(); ++i) {
     const ir::Node& n = g.node(static_cast<ir::NodeId>(i));
-    int l = layer_of[i];
+    int l = pos.layer_of[i];
     if (l < 0) continue;
     for (ir::ValueId v : n.inputs()) {
       auto vi = static_cast<size_t>(v);
@@ -158,7 +169,7 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
         if (param_owner[vi] < 0 || l < param_owner[vi]) param_owner[vi] = l;
         continue;
       }
-      int at = made_at[vi];
+      int at = pos.made_at[vi];
       if (at == kNotForward) continue;  // buffers, backward values
       if (isForward(n)) {
         MP_CHECK(at <= l, ConfigError,
@@ -167,7 +178,7 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
                  "into one layer", n.layer, g.nodeRef(static_cast<ir::NodeId>(i)), g.value(v).name,
                  chain.layers[static_cast<size_t>(at)].name);
         last_reader[vi] = std::max(last_reader[vi], l);
-        if (!has_backward && at != l) stored.insert({l, v});
+        if (!pos.has_backward && at != l) stored.insert({l, v});
       } else {
         stored.insert({l, v});
       }
@@ -186,8 +197,8 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
   // after positions max(i, 0) .. j-1 (difference array over cuts).
   std::vector<int64_t> delta(chain.layers.size() + 1, 0);
   for (size_t v = 0; v < g.numValues(); ++v) {
-    int i = std::max(made_at[v], 0), j = last_reader[v];
-    if (made_at[v] == kNotForward || j <= i) continue;
+    int i = std::max(pos.made_at[v], 0), j = last_reader[v];
+    if (pos.made_at[v] == kNotForward || j <= i) continue;
     int64_t b = denseBytes(g, static_cast<ir::ValueId>(v));
     delta[static_cast<size_t>(i)] += b;
     delta[static_cast<size_t>(j)] -= b;
@@ -197,6 +208,22 @@ LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
     run += delta[l];
     chain.layers[l].out_bytes = l + 1 < chain.layers.size() ? run : 0;
   }
+}
+
+}  // namespace
+
+LayerChain chainFromGraph(const ir::Graph& input, const ChainOptions& options) {
+  if (options.inherit_layers) {
+    ChainOptions strict = options;
+    strict.inherit_layers = false;
+    return chainFromGraph(withInheritedLayers(input, options.layer_order), strict);
+  }
+  const ir::Graph& g = input;
+  LayerChain chain;
+  chain.weight_copies = options.weight_copies;
+  const std::unordered_map<std::string, int> index = chainLayers(g, options, chain);
+  const Positions pos = layerTimes(g, index, chain);
+  layerBytes(g, pos, chain);
   chain.validate();
   return chain;
 }

@@ -184,99 +184,121 @@ void splitReusedModules(const ir::Graph& g, std::vector<int>& unit_of_node,
   }
 }
 
-}  // namespace
-
-LayerOrder orderLayers(const ir::Graph& g) {
-  ir::verify(g);
-  const size_t nn = g.numNodes();
-
-  // 0. Note [Container modules] (containerLayers).
-  const std::unordered_set<std::string> containers = containerLayers(g);
-  auto layerOf = [&](const ir::Node& n) -> const std::string& {
+// The graph's layers with Note [Container modules] dropped: a node of a
+// container module counts as unlayered.
+struct Layering {
+  const ir::Graph& g;
+  std::unordered_set<std::string> containers;
+  const std::string& layerOf(const ir::Node& n) const {
     static const std::string kNone;
     return containers.count(n.layer) ? kNone : n.layer;
-  };
+  }
+};
 
-  // 1. Units: layers first (by first forward node), then unlayered forward nodes.
+// The units step 1 finds and the edges between them.
+struct Units {
   std::unordered_map<std::string, int> unit_of_layer;
   std::vector<std::string> unit_name;  // empty for an unlayered node's unit
   std::vector<size_t> unit_first;      // first node in graph order
-  std::vector<int> unit_of_node(nn, -1);
-  std::vector<std::vector<ir::NodeId>> users = g.users();
+  std::vector<int> unit_of_node;       // -1: not a forward node
+  std::vector<std::vector<int>> adj;   // unit -> units reading it, sorted
+  size_t size() const { return unit_name.size(); }
+};
+
+// 1. Units: layers first (by first forward node), then unlayered forward nodes.
+Units findUnits(const Layering& l, const std::vector<std::vector<ir::NodeId>>& users) {
+  const ir::Graph& g = l.g;
+  const size_t nn = g.numNodes();
+  Units un;
+  un.unit_of_node.assign(nn, -1);
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
     if (!isForward(n)) continue;
-    const std::string& layer = layerOf(n);
+    const std::string& layer = l.layerOf(n);
     if (layer.empty() && writesInput(g, n)) {
       // An in-place write back into a graph input (AOTAutograd's copy_ of a
       // buffer's new value) runs where the input lives: with the first
       // layered forward node that reads it (a cycle this makes merges).
       for (ir::NodeId r : users[static_cast<size_t>(n.args[0].toValue())]) {
         const ir::Node& rn = g.node(r);
-        const std::string& rl = layerOf(rn);
+        const std::string& rl = l.layerOf(rn);
         if (static_cast<size_t>(r) == i || rl.empty() || !isForward(rn)) continue;
-        auto [it, fresh] = unit_of_layer.emplace(rl, static_cast<int>(unit_name.size()));
+        auto [it, fresh] = un.unit_of_layer.emplace(rl, static_cast<int>(un.unit_name.size()));
         if (fresh) {
-          unit_name.push_back(rl);
-          unit_first.push_back(static_cast<size_t>(r));
+          un.unit_name.push_back(rl);
+          un.unit_first.push_back(static_cast<size_t>(r));
         }
-        unit_of_node[i] = it->second;
+        un.unit_of_node[i] = it->second;
         break;
       }
-      if (unit_of_node[i] >= 0) continue;
+      if (un.unit_of_node[i] >= 0) continue;
     }
     if (layer.empty()) {
-      unit_of_node[i] = static_cast<int>(unit_name.size());
-      unit_name.emplace_back();
-      unit_first.push_back(i);
+      un.unit_of_node[i] = static_cast<int>(un.unit_name.size());
+      un.unit_name.emplace_back();
+      un.unit_first.push_back(i);
       continue;
     }
-    auto [it, fresh] = unit_of_layer.emplace(layer, static_cast<int>(unit_name.size()));
+    auto [it, fresh] = un.unit_of_layer.emplace(layer, static_cast<int>(un.unit_name.size()));
     if (fresh) {
-      unit_name.push_back(layer);
-      unit_first.push_back(i);
+      un.unit_name.push_back(layer);
+      un.unit_first.push_back(i);
     }
-    unit_of_node[i] = it->second;
+    un.unit_of_node[i] = it->second;
   }
-  splitReusedModules(g, unit_of_node, unit_name, unit_first, unit_of_layer);
-  MP_CHECK(!unit_of_layer.empty(), ConfigError,
+  splitReusedModules(g, un.unit_of_node, un.unit_name, un.unit_first, un.unit_of_layer);
+  MP_CHECK(!un.unit_of_layer.empty(), ConfigError,
            "modelpar {}: graph @{} has no forward node with a layer; a pipeline cuts the model "
            "between layers (capture it from an nn.Module, or set `layer` attributes)",
            kLayerOrderPassId, g.name());
-  const size_t nu = unit_name.size();
-  std::vector<std::vector<int>> adj(nu);
+  un.adj.assign(un.size(), {});
   for (size_t i = 0; i < nn; ++i) {
-    int v = unit_of_node[i];
+    int v = un.unit_of_node[i];
     if (v < 0) continue;
     for (ir::ValueId x : g.nodes()[i].inputs()) {
       ir::NodeId p = g.value(x).producer;
       if (p == ir::kNoId) continue;
-      int u = unit_of_node[static_cast<size_t>(p)];
-      if (u >= 0 && u != v) adj[static_cast<size_t>(u)].push_back(v);
+      int u = un.unit_of_node[static_cast<size_t>(p)];
+      if (u >= 0 && u != v) un.adj[static_cast<size_t>(u)].push_back(v);
     }
   }
-  for (auto& a : adj) {
+  for (auto& a : un.adj) {
     std::sort(a.begin(), a.end());
     a.erase(std::unique(a.begin(), a.end()), a.end());
   }
+  return un;
+}
 
-  // 2. Condense and sort components topologically, ties by first node.
-  std::vector<int> comp = components(adj);
-  const int nc = nu ? 1 + *std::max_element(comp.begin(), comp.end()) : 0;
-  std::vector<size_t> comp_first(static_cast<size_t>(nc), std::numeric_limits<size_t>::max());
-  std::vector<bool> comp_named(static_cast<size_t>(nc), false);
-  std::vector<std::vector<int>> comp_units(static_cast<size_t>(nc));
+// The strongly connected components of the unit graph, in step 2's order.
+struct Condensed {
+  std::vector<int> comp;  // per unit
+  int nc = 0;
+  std::vector<bool> comp_named;
+  std::vector<std::vector<int>> comp_units;
+  std::vector<int> comp_order;
+};
+
+// 2. Condense and sort components topologically, ties by first node.
+Condensed condense(const Units& un) {
+  const size_t nu = un.size();
+  Condensed c;
+  c.comp = components(un.adj);
+  c.nc = nu ? 1 + *std::max_element(c.comp.begin(), c.comp.end()) : 0;
+  const auto nc = static_cast<size_t>(c.nc);
+  std::vector<size_t> comp_first(nc, std::numeric_limits<size_t>::max());
+  c.comp_named.assign(nc, false);
+  c.comp_units.assign(nc, {});
   for (size_t u = 0; u < nu; ++u) {
-    auto c = static_cast<size_t>(comp[u]);
-    comp_first[c] = std::min(comp_first[c], unit_first[u]);
-    comp_named[c] = comp_named[c] || !unit_name[u].empty();
-    comp_units[c].push_back(static_cast<int>(u));
+    auto k = static_cast<size_t>(c.comp[u]);
+    comp_first[k] = std::min(comp_first[k], un.unit_first[u]);
+    c.comp_named[k] = c.comp_named[k] || !un.unit_name[u].empty();
+    c.comp_units[k].push_back(static_cast<int>(u));
   }
-  std::vector<std::vector<int>> cadj(static_cast<size_t>(nc));
-  std::vector<int> indegree(static_cast<size_t>(nc), 0);
+  std::vector<std::vector<int>> cadj(nc);
+  std::vector<int> indegree(nc, 0);
   for (size_t u = 0; u < nu; ++u) {
-    for (int w : adj[u]) {
-      int a = comp[u], b = comp[static_cast<size_t>(w)];
+    for (int w : un.adj[u]) {
+      int a = c.comp[u], b = c.comp[static_cast<size_t>(w)];
       if (a == b) continue;
       cadj[static_cast<size_t>(a)].push_back(b);
       ++indegree[static_cast<size_t>(b)];
@@ -284,51 +306,57 @@ LayerOrder orderLayers(const ir::Graph& g) {
   }
   using Item = std::pair<size_t, int>;  // (first node, component)
   std::priority_queue<Item, std::vector<Item>, std::greater<>> ready;
-  for (int c = 0; c < nc; ++c) {
-    if (indegree[static_cast<size_t>(c)] == 0) ready.push({comp_first[static_cast<size_t>(c)], c});
+  for (int k = 0; k < c.nc; ++k) {
+    if (indegree[static_cast<size_t>(k)] == 0) ready.push({comp_first[static_cast<size_t>(k)], k});
   }
-  std::vector<int> comp_order;
   while (!ready.empty()) {
-    int c = ready.top().second;
+    int k = ready.top().second;
     ready.pop();
-    comp_order.push_back(c);
-    for (int d : cadj[static_cast<size_t>(c)]) {
+    c.comp_order.push_back(k);
+    for (int d : cadj[static_cast<size_t>(k)]) {
       if (--indegree[static_cast<size_t>(d)] == 0) ready.push({comp_first[static_cast<size_t>(d)], d});
     }
   }
-  MP_INTERNAL_ASSERT(static_cast<int>(comp_order.size()) == nc, "condensed unit graph is cyclic");
+  MP_INTERNAL_ASSERT(static_cast<int>(c.comp_order.size()) == c.nc, "condensed unit graph is cyclic");
+  return c;
+}
 
-  // 3. Layers: a named component starts one; unlayered ones join the one before.
-  LayerOrder out;
-  std::vector<int> layer_of_comp(static_cast<size_t>(nc), -1);
+// 3. Layers: a named component starts one; unlayered ones join the one
+// before. Fills out.members; returns each component's layer.
+std::vector<int> layersOfComponents(const Units& un, const Condensed& c, LayerOrder& out) {
+  std::vector<int> layer_of_comp(static_cast<size_t>(c.nc), -1);
   std::vector<int> pending;  // unlayered components before the first layer
-  for (int c : comp_order) {
-    if (comp_named[static_cast<size_t>(c)]) {
+  for (int k : c.comp_order) {
+    if (c.comp_named[static_cast<size_t>(k)]) {
       out.members.emplace_back();
-      for (int u : comp_units[static_cast<size_t>(c)]) {
-        if (!unit_name[static_cast<size_t>(u)].empty()) {
-          out.members.back().push_back(unit_name[static_cast<size_t>(u)]);
+      for (int u : c.comp_units[static_cast<size_t>(k)]) {
+        if (!un.unit_name[static_cast<size_t>(u)].empty()) {
+          out.members.back().push_back(un.unit_name[static_cast<size_t>(u)]);
         }
       }
-      layer_of_comp[static_cast<size_t>(c)] = static_cast<int>(out.members.size()) - 1;
+      layer_of_comp[static_cast<size_t>(k)] = static_cast<int>(out.members.size()) - 1;
       for (int p : pending) layer_of_comp[static_cast<size_t>(p)] = 0;
       pending.clear();
     } else if (out.members.empty()) {
-      pending.push_back(c);
+      pending.push_back(k);
     } else {
-      layer_of_comp[static_cast<size_t>(c)] = static_cast<int>(out.members.size()) - 1;
+      layer_of_comp[static_cast<size_t>(k)] = static_cast<int>(out.members.size()) - 1;
     }
   }
-  // Names: a member's own name, else the common prefix, else a join; a
-  // name already used, or an original layer's outside this one, gets `#k`.
+  return layer_of_comp;
+}
+
+// 3b. Names: a member's own name, else the common prefix, else a join; a
+// name already used, or an original layer's outside this one, gets `#k`.
+void nameLayers(const Units& un, LayerOrder& out) {
   std::unordered_set<std::string> used;
   for (const auto& m : out.members) {
     std::string name = m.front();
     if (m.size() > 1) {
       std::vector<std::string> sorted = m;  // first-appearance order, for reading
       std::sort(sorted.begin(), sorted.end(), [&](const std::string& a, const std::string& b) {
-        return unit_first[static_cast<size_t>(unit_of_layer.at(a))] <
-               unit_first[static_cast<size_t>(unit_of_layer.at(b))];
+        return un.unit_first[static_cast<size_t>(un.unit_of_layer.at(a))] <
+               un.unit_first[static_cast<size_t>(un.unit_of_layer.at(b))];
       });
       name = commonDottedPrefix(sorted);
       if (name.empty()) {
@@ -339,29 +367,32 @@ LayerOrder orderLayers(const ir::Graph& g) {
     }
     auto clash = [&](const std::string& s) {
       return used.count(s) ||
-             (unit_of_layer.count(s) && std::find(m.begin(), m.end(), s) == m.end());
+             (un.unit_of_layer.count(s) && std::find(m.begin(), m.end(), s) == m.end());
     };
     std::string base = name;
     for (int k = 2; clash(name); ++k) name = fmt::format("{}#{}", base, k);
     used.insert(name);
     out.layers.push_back(name);
   }
+}
 
-  // Per node: its layer position.
+// 4. Per node: its layer position. Forward nodes: their unit's component's
+// layer. Backward nodes: named -> their layer; unlayered gradient readers ->
+// the earliest layer they read a gradient from; the rest -> the latest layer
+// of their backward readers. Update nodes: -1 (relabel keeps their layer's).
+std::vector<int> layerPositions(const Layering& l, const Units& un, const Condensed& c,
+                                const std::vector<int>& layer_of_comp,
+                                const std::unordered_map<std::string, int>& pos_of_name,
+                                const std::vector<std::vector<ir::NodeId>>& users, LayerOrder& out) {
+  const ir::Graph& g = l.g;
+  const size_t nn = g.numNodes();
   std::vector<int> pos(nn, -1);
-  std::unordered_map<std::string, int> pos_of_name;
-  for (size_t u = 0; u < nu; ++u) {
-    if (!unit_name[u].empty()) pos_of_name[unit_name[u]] = layer_of_comp[static_cast<size_t>(comp[u])];
-  }
   for (size_t i = 0; i < nn; ++i) {
-    int u = unit_of_node[i];
+    int u = un.unit_of_node[i];
     if (u < 0) continue;
-    pos[i] = layer_of_comp[static_cast<size_t>(comp[static_cast<size_t>(u)])];
-    if (layerOf(g.nodes()[i]).empty()) ++out.unlayered_nodes;
+    pos[i] = layer_of_comp[static_cast<size_t>(c.comp[static_cast<size_t>(u)])];
+    if (l.layerOf(g.nodes()[i]).empty()) ++out.unlayered_nodes;
   }
-  // Backward nodes: named -> their layer; unlayered gradient readers -> the
-  // earliest layer they read a gradient from; the rest -> the latest layer of
-  // their backward readers.
   std::vector<bool> backward(nn, false), gradient(nn, false);
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
@@ -373,7 +404,7 @@ LayerOrder orderLayers(const ir::Graph& g) {
       if (p == ir::kNoId || !gradient[static_cast<size_t>(p)]) continue;
       earliest = std::min(earliest, pos[static_cast<size_t>(p)]);
     }
-    auto it = layerOf(n).empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
+    auto it = l.layerOf(n).empty() ? pos_of_name.end() : pos_of_name.find(n.layer);
     if (it != pos_of_name.end()) {
       // Its layer, unless a gradient it reads comes from an earlier one
       // (AOTAutograd tags some gradient sums with an unrelated module).
@@ -395,9 +426,15 @@ LayerOrder orderLayers(const ir::Graph& g) {
     }
     pos[r] = latest >= 0 ? latest : last;
   }
+  return pos;
+}
 
+// 5. The graph with every node's layer the chain's name for its position;
+// an update node of a known layer takes its layer's new name.
+void relabel(const ir::Graph& g, const std::vector<int>& pos,
+             const std::unordered_map<std::string, int>& pos_of_name, LayerOrder& out) {
   out.graph = g;
-  for (size_t i = 0; i < nn; ++i) {
+  for (size_t i = 0; i < g.numNodes(); ++i) {
     ir::Node& n = out.graph.node(static_cast<ir::NodeId>(i));
     if (pos[i] >= 0) {
       n.layer = out.layers[static_cast<size_t>(pos[i])];
@@ -406,6 +443,28 @@ LayerOrder orderLayers(const ir::Graph& g) {
       if (it != pos_of_name.end()) n.layer = out.layers[static_cast<size_t>(it->second)];
     }
   }
+}
+
+}  // namespace
+
+LayerOrder orderLayers(const ir::Graph& g) {
+  ir::verify(g);
+  // 0. Note [Container modules] (containerLayers).
+  const Layering l{g, containerLayers(g)};
+  const std::vector<std::vector<ir::NodeId>> users = g.users();
+  const Units un = findUnits(l, users);
+  const Condensed c = condense(un);
+  LayerOrder out;
+  const std::vector<int> layer_of_comp = layersOfComponents(un, c, out);
+  nameLayers(un, out);
+  std::unordered_map<std::string, int> pos_of_name;
+  for (size_t u = 0; u < un.size(); ++u) {
+    if (!un.unit_name[u].empty()) {
+      pos_of_name[un.unit_name[u]] = layer_of_comp[static_cast<size_t>(c.comp[u])];
+    }
+  }
+  const std::vector<int> pos = layerPositions(l, un, c, layer_of_comp, pos_of_name, users, out);
+  relabel(g, pos, pos_of_name, out);
   return out;
 }
 

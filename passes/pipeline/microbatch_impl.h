@@ -1,7 +1,7 @@
 // Internals of the `microbatch` pass (microbatch.h), shared by microbatch.cpp
-// (where each node runs, what leaves the micro-batches, the exactness checks,
-// the new graph) and microbatch_loss.cpp (the loss, its reduction over the
-// batch, the backward seed). Not part of the API: include passes/microbatch.h.
+// (where each node runs, what leaves the micro-batches, the exactness checks),
+// microbatch_loss.cpp (the loss, its reduction over the batch, the backward
+// seed) and microbatch_build.cpp (the new graph). Not part of the API: include passes/microbatch.h.
 #pragma once
 
 #include <cstdint>
@@ -114,6 +114,7 @@ class Microbatcher {
   // weights sum to 1, i.e. a mean), a product with one loss factor, ...
   void checkLinear(NodeId n, const std::vector<char>& on) const;
 
+  // 6. (microbatch_build.cpp) The new graph, from d_.
   ir::Graph build();
 
   const ir::Graph& g_;

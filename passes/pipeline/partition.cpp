@@ -81,6 +81,9 @@ void checkOptions(const LayerChain& chain, const PartitionOptions& o) {
            ConfigError, "modelpar partition: madpipe_iterations / _delay_buckets / _memory_buckets "
            "are {} / {} / {}; each must be >= 1", o.madpipe_iterations, o.madpipe_delay_buckets,
            o.madpipe_memory_buckets);
+  MP_CHECK(o.madpipe_pattern_node_limit >= 0 && o.madpipe_pattern_time_limit_s >= 0, ConfigError,
+           "modelpar partition: madpipe_pattern_node_limit ({}) and madpipe_pattern_time_limit_s "
+           "({}) must be >= 0", o.madpipe_pattern_node_limit, o.madpipe_pattern_time_limit_s);
 }
 
 }  // namespace

@@ -90,13 +90,16 @@ struct PartitionOptions {
   int madpipe_memory_buckets = 16;
   /// MadPipe phase 2 (§4.3): when the plan puts several stages on a device,
   /// the least period (binary search, 8 steps) at which periodicPatternIlp
-  /// finds a pattern, with this CBC time limit per solve; 0 skips phase 2.
+  /// finds a pattern, with this CBC time limit per solve, a backstop set
+  /// well above what the node limit takes; 0 skips phase 2.
   double madpipe_pattern_time_limit_s = 10;
-  /// And CBC's limit on branch-and-bound nodes per solve (0: none): work
-  /// that does not depend on the machine's load, so two processes planning
-  /// the same step get the same pattern (Note [A pattern that does not
-  /// depend on the clock] in partition_madpipe.cpp).
-  int64_t madpipe_pattern_node_limit = 0;
+  /// And CBC's limit on branch-and-bound nodes per solve, which decides
+  /// where an unfinished solve stops: work that does not depend on the
+  /// machine's load, so two processes planning the same step get the same
+  /// pattern (Note [A pattern that does not depend on the clock] in
+  /// partition_madpipe.cpp). 0: none (the clock decides; not for plans made
+  /// over ranks).
+  int64_t madpipe_pattern_node_limit = 200;
 };
 
 /// A periodic pattern (seed 004 §3): in period k, each operation starts at

@@ -274,16 +274,20 @@ std::vector<int32_t> clockTicks(const ir::Graph& g, const Pipeline& P,
   return tick;
 }
 
-}  // namespace
+// Each task's nodes, in the order step 2 gives them, and each stage's tasks.
+struct TaskNodes {
+  std::vector<std::vector<ir::NodeId>> head, rest;  // per task
+  std::vector<std::vector<int32_t>> seq;            // per stage: its non-empty tasks in order
+};
 
-Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& options) {
-  Pipeline P = check(g, options);
+// 2. Tasks' nodes: recompute nodes that read no backward node of their own
+// task first, then the rest, each in graph order. Empty tasks are dropped.
+TaskNodes taskNodes(const ir::Graph& g, const Pipeline& P) {
   const size_t nn = g.numNodes();
-
-  // 2. Tasks' nodes: recompute nodes that read no backward node of their own
-  // task first, then the rest, each in graph order. Empty tasks are dropped.
   const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
-  std::vector<std::vector<ir::NodeId>> head(nt), rest(nt);
+  TaskNodes tn;
+  tn.head.assign(nt, {});
+  tn.rest.assign(nt, {});
   std::vector<char> in_head(nn, 0);
   for (size_t i = 0; i < nn; ++i) {
     int32_t t = P.task[i];
@@ -295,22 +299,25 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
       if (u != ir::kNoId && P.task[static_cast<size_t>(u)] == t) h = h && in_head[static_cast<size_t>(u)];
     }
     in_head[i] = h;
-    (h ? head : rest)[static_cast<size_t>(t)].push_back(static_cast<ir::NodeId>(i));
+    (h ? tn.head : tn.rest)[static_cast<size_t>(t)].push_back(static_cast<ir::NodeId>(i));
   }
-  std::vector<std::vector<int32_t>> seq(static_cast<size_t>(P.n));
+  tn.seq.assign(static_cast<size_t>(P.n), {});
   for (int s = 0; s < P.n; ++s) {
     for (int32_t t : stageSequence(P, s)) {
-      if (!head[static_cast<size_t>(t)].empty() || !rest[static_cast<size_t>(t)].empty()) {
-        seq[static_cast<size_t>(s)].push_back(t);
+      if (!tn.head[static_cast<size_t>(t)].empty() || !tn.rest[static_cast<size_t>(t)].empty()) {
+        tn.seq[static_cast<size_t>(s)].push_back(t);
       }
     }
   }
+  return tn;
+}
 
-  // 3. Global clock, then every task sorted by (tick, stage), or by its
-  // start in the periodic pattern (Note [Lowering the periodic pattern]).
-  std::vector<int32_t> tick = clockTicks(g, P, seq);
+// 3. Global clock, then every task sorted by (tick, stage), or by its
+// start in the periodic pattern (Note [Lowering the periodic pattern]).
+std::vector<int32_t> orderTasks(const ir::Graph& g, const Pipeline& P, const TaskNodes& tn) {
+  std::vector<int32_t> tick = clockTicks(g, P, tn.seq);
   std::vector<int32_t> tasks;
-  for (const auto& q : seq) tasks.insert(tasks.end(), q.begin(), q.end());
+  for (const auto& q : tn.seq) tasks.insert(tasks.end(), q.begin(), q.end());
   std::sort(tasks.begin(), tasks.end(), [&](int32_t a, int32_t b) {
     if (P.pattern != nullptr) {  // Note [Lowering the periodic pattern]
       double sa = P.patternStart(a), sb = P.patternStart(b);
@@ -319,41 +326,54 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
     int32_t ta = tick[static_cast<size_t>(a)], tb = tick[static_cast<size_t>(b)];
     return ta != tb ? ta < tb : a / 2 / P.m < b / 2 / P.m;
   });
+  return tasks;
+}
 
-  if (P.pattern != nullptr) {  // the pattern's times must increase along every task edge
-    std::vector<int32_t> pos(nt, -1);
-    for (size_t k = 0; k < tasks.size(); ++k) pos[static_cast<size_t>(tasks[k])] = static_cast<int32_t>(k);
-    for (size_t i = 0; i < nn; ++i) {
-      if (P.task[i] < 0) continue;
-      for (ir::ValueId v : g.nodes()[i].inputs()) {
-        ir::NodeId u = g.value(v).producer;
-        if (u == ir::kNoId || P.task[static_cast<size_t>(u)] < 0) continue;
-        MP_CHECK(pos[static_cast<size_t>(P.task[static_cast<size_t>(u)])] <=
-                     pos[static_cast<size_t>(P.task[i])],
-                 ConfigError,
-                 "modelpar {}: the periodic pattern starts {} before {}, which it reads from "
-                 "({} reads {}); the pattern does not fit this graph",
-                 kSchedulePassId, P.taskName(P.task[i]), P.taskName(P.task[static_cast<size_t>(u)]),
-                 g.nodeRef(static_cast<ir::NodeId>(i)), g.nodeRef(u));
-      }
+// 3b. With a pattern, its times must increase along every task edge.
+void checkPatternOrder(const ir::Graph& g, const Pipeline& P, const std::vector<int32_t>& tasks) {
+  if (P.pattern == nullptr) return;
+  const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
+  std::vector<int32_t> pos(nt, -1);
+  for (size_t k = 0; k < tasks.size(); ++k) pos[static_cast<size_t>(tasks[k])] = static_cast<int32_t>(k);
+  for (size_t i = 0; i < g.numNodes(); ++i) {
+    if (P.task[i] < 0) continue;
+    for (ir::ValueId v : g.nodes()[i].inputs()) {
+      ir::NodeId u = g.value(v).producer;
+      if (u == ir::kNoId || P.task[static_cast<size_t>(u)] < 0) continue;
+      MP_CHECK(pos[static_cast<size_t>(P.task[static_cast<size_t>(u)])] <=
+                   pos[static_cast<size_t>(P.task[i])],
+               ConfigError,
+               "modelpar {}: the periodic pattern starts {} before {}, which it reads from "
+               "({} reads {}); the pattern does not fit this graph",
+               kSchedulePassId, P.taskName(P.task[i]), P.taskName(P.task[static_cast<size_t>(u)]),
+               g.nodeRef(static_cast<ir::NodeId>(i)), g.nodeRef(u));
     }
   }
+}
 
-  // 4. The global order of task and final nodes.
+// 4. The global order of task and final nodes.
+std::vector<ir::NodeId> anchoredOrder(const ir::Graph& g, const Pipeline& P, const TaskNodes& tn,
+                                      const std::vector<int32_t>& tasks) {
   std::vector<ir::NodeId> anchored;  // without shared nodes
   for (int32_t t : tasks) {
-    for (ir::NodeId v : head[static_cast<size_t>(t)]) anchored.push_back(v);
-    for (ir::NodeId v : rest[static_cast<size_t>(t)]) anchored.push_back(v);
+    for (ir::NodeId v : tn.head[static_cast<size_t>(t)]) anchored.push_back(v);
+    for (ir::NodeId v : tn.rest[static_cast<size_t>(t)]) anchored.push_back(v);
   }
-  for (size_t i = 0; i < nn; ++i) {
+  for (size_t i = 0; i < g.numNodes(); ++i) {
     if (P.role[i] == Role::Final) anchored.push_back(static_cast<ir::NodeId>(i));
   }
+  return anchored;
+}
+
+// 5. Shared nodes: right before their first reader in that order, on its
+// stage (-1: nobody reads it; it runs first on its own stage). Sets the
+// shared nodes' P.stage; returns each one's anchor (-1 for other nodes).
+std::vector<int32_t> anchorSharedNodes(const ir::Graph& g, Pipeline& P,
+                                       const std::vector<ir::NodeId>& anchored,
+                                       const std::vector<std::vector<ir::NodeId>>& users) {
+  const size_t nn = g.numNodes();
   std::vector<int32_t> gpos(nn, -1);
   for (size_t k = 0; k < anchored.size(); ++k) gpos[static_cast<size_t>(anchored[k])] = static_cast<int32_t>(k);
-
-  // 5. Shared nodes: right before their first reader in that order, on its
-  // stage (-1: nobody reads it; it runs first on its own stage).
-  std::vector<std::vector<ir::NodeId>> users = g.users();
   std::vector<int32_t> anchor(nn, -1);
   for (size_t i = nn; i-- > 0;) {
     if (P.role[i] != Role::Shared) continue;
@@ -372,31 +392,45 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
     anchor[i] = best;
     P.stage[i] = best_stage;
   }
-  // Note [In-place writes to graph inputs] (plan_placement.cpp), in a
-  // pipeline: a functionalized graph's `copy_(%input, %new)` (a decode
-  // step's cache position, batch norm's running statistics outside the
-  // micro-batches) is read by nobody, and ran first on its stage, before the
-  // nodes that read the input's old value (measured: a static KV cache wrote
-  // its position before the step's index_copy read it, out of bounds). It
-  // runs last, on the stage of the input's first reader, whose device holds
-  // the input (lowering's rule), so the caller's tensor is the one written.
-  // (Writes in micro-batches and after them keep the stage they were given:
-  // planPipeline gives them the input's, stagesOfNodes.)
+  return anchor;
+}
+
+// 5b. Note [In-place writes to graph inputs] (plan_placement.cpp), in a
+// pipeline: a functionalized graph's `copy_(%input, %new)` (a decode
+// step's cache position, batch norm's running statistics outside the
+// micro-batches) is read by nobody, and ran first on its stage, before the
+// nodes that read the input's old value (measured: a static KV cache wrote
+// its position before the step's index_copy read it, out of bounds). It
+// runs last, on the stage of the input's first reader, whose device holds
+// the input (lowering's rule), so the caller's tensor is the one written.
+// (Writes in micro-batches and after them keep the stage they were given:
+// planPipeline gives them the input's, stagesOfNodes.)
+void anchorInputWritesLast(const ir::Graph& g, Pipeline& P, size_t num_anchored,
+                           const std::vector<std::vector<ir::NodeId>>& users,
+                           std::vector<int32_t>& anchor) {
   const std::vector<ir::ValueId> roots = storageRoots(g);
-  for (size_t i = 0; i < nn; ++i) {
+  for (size_t i = 0; i < g.numNodes(); ++i) {
     const ir::Node& n = g.nodes()[i];
     const ir::ValueId input = P.role[i] == Role::Shared ? writtenInput(g, n, roots) : ir::kNoId;
     if (input == ir::kNoId) continue;
     bool read = false;
     for (ir::ValueId o : n.outputs) read = read || !users[static_cast<size_t>(o)].empty();
     if (read) continue;
-    anchor[i] = static_cast<int32_t>(anchored.size());
+    anchor[i] = static_cast<int32_t>(num_anchored);
     for (ir::NodeId r : users[static_cast<size_t>(input)]) {
       if (static_cast<size_t>(r) == i) continue;
       P.stage[i] = P.stage[static_cast<size_t>(r)];  // users are in graph order
       break;
     }
   }
+}
+
+// 5c. The whole order: each shared node before its anchor; every node after
+// what it reads.
+std::vector<ir::NodeId> globalOrder(const ir::Graph& g, const Pipeline& P,
+                                    const std::vector<ir::NodeId>& anchored,
+                                    const std::vector<int32_t>& anchor) {
+  const size_t nn = g.numNodes();
   std::vector<std::vector<ir::NodeId>> before(anchored.size() + 1);  // before[k]: before anchored[k]
   for (size_t i = 0; i < nn; ++i) {
     if (P.role[i] == Role::Shared) before[static_cast<size_t>(std::max(anchor[i], 0))].push_back(static_cast<ir::NodeId>(i));
@@ -418,12 +452,15 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
                          g.nodeRef(u));
     }
   }
+  return order;
+}
 
-  // 6. Project the global order onto the devices.
+// 6. Project the global order onto the devices.
+Placement projectOntoDevices(const ir::Graph& g, const Pipeline& P, const std::vector<ir::NodeId>& order) {
   Placement p;
   p.placer = std::string(kSchedulePassId);
   p.num_devices = P.num_devices;
-  p.node_device.assign(nn, 0);
+  p.node_device.assign(g.numNodes(), 0);
   p.order.assign(static_cast<size_t>(P.num_devices), {});
   for (ir::NodeId v : order) {
     int d = P.device_of_stage[static_cast<size_t>(P.stage[static_cast<size_t>(v)])];
@@ -432,6 +469,21 @@ Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& op
   }
   checkPlacement(g, p);
   return p;
+}
+
+}  // namespace
+
+Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& options) {
+  Pipeline P = check(g, options);
+  const TaskNodes tn = taskNodes(g, P);
+  const std::vector<int32_t> tasks = orderTasks(g, P, tn);
+  checkPatternOrder(g, P, tasks);
+  const std::vector<ir::NodeId> anchored = anchoredOrder(g, P, tn, tasks);
+  const std::vector<std::vector<ir::NodeId>> users = g.users();
+  std::vector<int32_t> anchor = anchorSharedNodes(g, P, anchored, users);
+  anchorInputWritesLast(g, P, anchored.size(), users, anchor);
+  const std::vector<ir::NodeId> order = globalOrder(g, P, anchored, anchor);
+  return projectOntoDevices(g, P, order);
 }
 
 PipelineProgram lowerPipeline(const ir::Graph& g, const PipelineScheduleOptions& options,

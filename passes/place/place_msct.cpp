@@ -85,7 +85,7 @@ struct LpState {
 // the small second term pins every start to its earliest LP-feasible time,
 // which the next window reads.
 void solveWindow(const TaskGraph& tg, const Edges& ed, int32_t lo, int32_t hi, int32_t commit_hi,
-                 double eps, double seconds, LpState& st, MSctStats* stats) {
+                 double eps, double seconds, int64_t iterations, LpState& st, MSctStats* stats) {
   const double inf = COIN_DBL_MAX;
   auto rankOf = [&](int32_t t) { return tg.rank[static_cast<size_t>(t)]; };
   auto p = [&](int32_t t) { return tg.time_us[static_cast<size_t>(t)]; };
@@ -170,6 +170,8 @@ void solveWindow(const TaskGraph& tg, const Edges& ed, int32_t lo, int32_t hi, i
   ClpSimplex lp;
   lp.setLogLevel(0);
   lp.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(), row_lb.data(), row_ub.data());
+  // Note [An LP that does not depend on the clock] (favouriteChildren).
+  if (iterations > 0) lp.setMaximumIterations(static_cast<int>(std::min<int64_t>(iterations, 1 << 30)));
   lp.setMaximumSeconds(std::max(seconds, 1e-3));
   // Dual simplex from a crash basis, after presolve: the fastest of CLP's
   // methods on these degenerate scheduling LPs (measured: bench/RESULTS.md).
@@ -202,6 +204,9 @@ std::vector<int32_t> favouriteChildren(const TaskGraph& tg, const DeviceModel& m
                                        const MSctOptions& options) {
   MP_CHECK(options.threshold >= 0 && options.threshold <= 1, ConfigError,
            "modelpar {}: threshold must lie in [0, 1], got {}", kMSctPassId, options.threshold);
+  MP_CHECK(options.lp_iteration_limit >= 0, ConfigError,
+           "modelpar {}: lp_iteration_limit must be >= 0 (0: none), got {}", kMSctPassId,
+           options.lp_iteration_limit);
   MP_CHECK(options.lp_window_tasks >= 0 && options.lp_window_overlap >= 0, ConfigError,
            "modelpar {}: lp_window_tasks ({}) and lp_window_overlap ({}) must be >= 0",
            kMSctPassId, options.lp_window_tasks, options.lp_window_overlap);
@@ -222,6 +227,16 @@ std::vector<int32_t> favouriteChildren(const TaskGraph& tg, const DeviceModel& m
   }
 
   // 1. The LP: whole, or window by window in topological order.
+  // Note [An LP that does not depend on the clock]
+  // ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+  // As with MadPipe's pattern ILP (Note [A pattern that does not depend on
+  // the clock] in partition_madpipe.cpp): an LP stopped by its time limit
+  // ends at the basis the machine's load let CLP reach, so two ranks placing
+  // the same step on a loaded machine could round different favourites and
+  // disagree on the plan (a plan-hash ConfigError). lp_iteration_limit stops
+  // each solve after that many simplex iterations, the same everywhere; the
+  // time limit, shared by the windows, stays as a backstop set well above
+  // what the iterations take.
   auto t0 = std::chrono::steady_clock::now();
   LpState st;
   st.x.assign(num_edges, 1.0);
@@ -236,7 +251,7 @@ std::vector<int32_t> favouriteChildren(const TaskGraph& tg, const DeviceModel& m
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     int32_t commit_hi = std::min(total, lo + window);
     int32_t hi = std::min(total, commit_hi + options.lp_window_overlap);
-    solveWindow(tg, ed, lo, hi, commit_hi, eps, left, st, options.stats);
+    solveWindow(tg, ed, lo, hi, commit_hi, eps, left, options.lp_iteration_limit, st, options.stats);
   }
   if (options.stats) {
     options.stats->lp_optimal = st.optimal;

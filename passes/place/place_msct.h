@@ -59,7 +59,17 @@ struct MSctOptions {
   const Coarsening* units = nullptr;
   /// x_e below this rounds to "same device" (Baechi's class default 0.5).
   double threshold = 0.5;
-  /// CLP time limit; on expiry the favourites of the best basis are used.
+  /// CLP's limit on simplex iterations per LP solve (per window with
+  /// windows; 0: none). It, not the clock, decides where an unfinished solve
+  /// stops, so two processes placing the same graph get the same placement
+  /// under any load (Note [An LP that does not depend on the clock] in
+  /// place_msct.cpp); on reaching it the favourites of the basis reached are
+  /// used and MSctStats::lp_optimal is false. The default is meant to lie
+  /// above what one LP of at most lp_whole_max_tasks tasks (or one window)
+  /// takes to converge, so that it only stops runaway solves.
+  int64_t lp_iteration_limit = 100000;
+  /// A backstop for the whole LP (all windows), set well above what the
+  /// iterations take: on expiry the favourites of the best basis are used.
   double lp_time_limit_s = 20.0;
   /// Graphs of more tasks than lp_whole_max_tasks solve the LP over windows
   /// of lp_window_tasks tasks in topological order, each with the start

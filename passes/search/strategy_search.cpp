@@ -163,46 +163,62 @@ std::string StrategySearch::table() const {
   return out;
 }
 
-StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions& o) {
-  const auto t0 = std::chrono::steady_clock::now();
-  checkDevices(kStrategySearchId, o.devices);
-  MP_CHECK(o.batch_size && *o.batch_size >= 1, ConfigError,
-           "modelpar {}: batch_size is required (an int >= 1): the search costs the step at the "
-           "real batch size",
-           kStrategySearchId);
-  const int64_t batch = *o.batch_size;
+namespace {
 
-  // The batch symbol, for the costs at size B; without one there are no pipelines.
+// The batch symbol, for the costs at size B; without one there are no
+// pipelines (why is kept for the candidate that says so).
+struct BatchOfStep {
   std::string symbol, no_pipeline_reason;
+};
+
+BatchOfStep batchOfStep(const ir::Graph& step, const StrategySearchOptions& o) {
+  BatchOfStep b;
   try {
-    symbol = findBatchSymbol(step, o.microbatch.batch_symbol, o.microbatch.batch_dims).symbol;
+    b.symbol = findBatchSymbol(step, o.microbatch.batch_symbol, o.microbatch.batch_dims).symbol;
   } catch (const ConfigError& e) {
-    no_pipeline_reason = e.what();
+    b.no_pipeline_reason = e.what();
   }
+  return b;
+}
+
+// What every placement candidate plans with.
+PlacementOptions basePlacementOptions(const StrategySearchOptions& o, const BatchOfStep& b,
+                                      int64_t batch) {
   PlacementOptions base;
   base.devices = o.devices;
   base.machine = o.machine;
   base.memory_bytes = o.memory_bytes;
   base.msct_lp_time_limit_s = o.msct_lp_time_limit_s;
+  base.msct_lp_iteration_limit = o.msct_lp_iteration_limit;
   base.dump_dir = "";
   base.record_timeline = o.record_timeline;
-  if (!symbol.empty()) base.cost_options.symbol_sizes[symbol] = batch;
-  const DeviceModel machine = planMachine(base);  // checks devices, memory and machine
+  if (!b.symbol.empty()) base.cost_options.symbol_sizes[b.symbol] = batch;
+  return base;
+}
 
-  StrategySearch result;
-  result.candidates = enumerate(o, batch, !symbol.empty());
-  if (o.pipelines && o.devices >= 2 && symbol.empty()) {  // say why there are none
+// 1. The candidates (enumerate), and a failed one saying why there are no
+// pipelines when the step has no batch symbol.
+std::vector<StrategyCandidate> candidates(const StrategySearchOptions& o, int64_t batch,
+                                          const BatchOfStep& b) {
+  std::vector<StrategyCandidate> out = enumerate(o, batch, !b.symbol.empty());
+  if (o.pipelines && o.devices >= 2 && b.symbol.empty()) {  // say why there are none
     StrategyCandidate c = candidate("pipeline");
     c.status = CandidateStatus::Failed;
-    c.reason = no_pipeline_reason;
-    result.candidates.push_back(std::move(c));
+    c.reason = b.no_pipeline_reason;
+    out.push_back(std::move(c));
   }
-  MP_CHECK(!result.candidates.empty(), ConfigError,
+  MP_CHECK(!out.empty(), ConfigError,
            "modelpar {}: no candidate to search (one_device, placements and pipelines are all "
            "off, or pipelines only with devices={})",
            kStrategySearchId, o.devices);
+  return out;
+}
 
-  // 2. The bound (Note [A lower bound per candidate]).
+// 2. The bound (Note [A lower bound per candidate]) of every candidate not
+// already failed; result.t1_us set.
+void boundCandidates(const ir::Graph& step, const DeviceModel& machine, const PlacementOptions& base,
+                     const std::string& symbol, const StrategySearchOptions& o,
+                     StrategySearch& result) {
   ir::Graph costed = step;
   estimateCosts(costed, machine, base.cost_options);
   double t1 = 0, launch = std::numeric_limits<double>::infinity();
@@ -237,8 +253,82 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
     c.lower_bound_us = ((t1 - per_mb) + m * per_mb) / n + machine.stepOverheadUs() +
                        (devices - 1) * machine.workerOverheadUs();
   }
+}
 
-  // 3. Plan and simulate in order of bound; stop when the bound cannot win.
+// A pipeline candidate's options: the search's, with the launch overhead
+// measured at its micro-batch count where one was given.
+PipelinePlanOptions pipelineOptions(const StrategyCandidate& c, const StrategySearchOptions& o,
+                                    const DeviceModel& machine, int64_t batch) {
+  PipelinePlanOptions po;
+  po.devices = o.devices;
+  po.microbatches = c.microbatches;
+  po.batch_size = batch;
+  po.microbatch = o.microbatch;
+  po.schedule = c.schedule;
+  po.partition = c.partition;
+  po.checkpoint = c.checkpoint;
+  po.portals = o.portals;
+  po.machine = o.machine;
+  for (const auto& [m, us] : o.microbatch_launch_overhead_us) {
+    if (m != c.microbatches) continue;
+    DeviceModel mm = machine;
+    for (int d = 0; d < mm.numDevices(); ++d) {
+      DeviceSpec s = mm.device(d);
+      s.launch_overhead_us = us;
+      mm.setDevice(d, s);
+    }
+    po.machine = mm;
+  }
+  po.memory_bytes = o.memory_bytes;
+  po.dump_dir = "";
+  po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
+  po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
+  po.record_timeline = o.record_timeline;
+  return po;
+}
+
+// 3a. One candidate planned and simulated: its status, step and peak set,
+// its plan in `placement` or `pipeline`. Does not fit and other modelpar
+// errors are the candidate's result; an InternalError propagates.
+void planCandidate(const ir::Graph& step, StrategyCandidate& c, const StrategySearchOptions& o,
+                   const PlacementOptions& base, const DeviceModel& machine, int64_t batch,
+                   std::optional<PlacementPlan>& placement, std::optional<PipelinePlan>& pipeline) {
+  const auto c0 = std::chrono::steady_clock::now();
+  try {
+    if (c.kind == "pipeline") {
+      pipeline = planPipeline(step, pipelineOptions(c, o, machine, batch));
+      c.step_us = pipeline->stepTimeUs();
+      c.peak_bytes = peakOf(pipeline->simulation);
+    } else {
+      PlacementOptions po = base;
+      if (c.kind == "one-device") {
+        po.devices = 1;
+        // Device 0's capacity (a per-device list keeps its first entry).
+        if (po.memory_bytes.size() > 1) po.memory_bytes = {o.memory_bytes.front()};
+      } else {
+        po.placer = c.placer;
+      }
+      placement = planPlacement(step, po);
+      c.step_us = placement->stepTimeUs();
+      c.peak_bytes = peakOf(placement->simulation);
+    }
+    c.status = CandidateStatus::Ok;
+  } catch (const PlanDoesNotFitError& e) {
+    c.status = CandidateStatus::DoesNotFit;
+    c.reason = e.what();
+  } catch (const InternalError&) {
+    throw;  // a planner's bug is not a property of the candidate
+  } catch (const Error& e) {
+    c.status = CandidateStatus::Failed;
+    c.reason = e.what();
+  }
+  c.plan_seconds = secondsSince(c0);
+}
+
+// 3. Plan and simulate in order of bound; stop when the bound cannot win.
+void planInBoundOrder(const ir::Graph& step, const StrategySearchOptions& o,
+                      const PlacementOptions& base, const DeviceModel& machine, int64_t batch,
+                      StrategySearch& result) {
   std::vector<size_t> order(result.candidates.size());
   std::iota(order.begin(), order.end(), size_t{0});
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
@@ -256,63 +346,9 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
                              formatMicros(best));
       continue;
     }
-    const auto c0 = std::chrono::steady_clock::now();
     std::optional<PlacementPlan> placement;
     std::optional<PipelinePlan> pipeline;
-    try {
-      if (c.kind == "pipeline") {
-        PipelinePlanOptions po;
-        po.devices = o.devices;
-        po.microbatches = c.microbatches;
-        po.batch_size = batch;
-        po.microbatch = o.microbatch;
-        po.schedule = c.schedule;
-        po.partition = c.partition;
-        po.checkpoint = c.checkpoint;
-        po.portals = o.portals;
-        po.machine = o.machine;
-        for (const auto& [m, us] : o.microbatch_launch_overhead_us) {
-          if (m != c.microbatches) continue;
-          DeviceModel mm = machine;
-          for (int d = 0; d < mm.numDevices(); ++d) {
-            DeviceSpec s = mm.device(d);
-            s.launch_overhead_us = us;
-            mm.setDevice(d, s);
-          }
-          po.machine = mm;
-        }
-        po.memory_bytes = o.memory_bytes;
-        po.dump_dir = "";
-        po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
-        po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
-        po.record_timeline = o.record_timeline;
-        pipeline = planPipeline(step, po);
-        c.step_us = pipeline->stepTimeUs();
-        c.peak_bytes = peakOf(pipeline->simulation);
-      } else {
-        PlacementOptions po = base;
-        if (c.kind == "one-device") {
-          po.devices = 1;
-          // Device 0's capacity (a per-device list keeps its first entry).
-          if (po.memory_bytes.size() > 1) po.memory_bytes = {o.memory_bytes.front()};
-        } else {
-          po.placer = c.placer;
-        }
-        placement = planPlacement(step, po);
-        c.step_us = placement->stepTimeUs();
-        c.peak_bytes = peakOf(placement->simulation);
-      }
-      c.status = CandidateStatus::Ok;
-    } catch (const PlanDoesNotFitError& e) {
-      c.status = CandidateStatus::DoesNotFit;
-      c.reason = e.what();
-    } catch (const InternalError&) {
-      throw;  // a planner's bug is not a property of the candidate
-    } catch (const Error& e) {
-      c.status = CandidateStatus::Failed;
-      c.reason = e.what();
-    }
-    c.plan_seconds = secondsSince(c0);
+    planCandidate(step, c, o, base, machine, batch, placement, pipeline);
     if (c.status == CandidateStatus::Ok &&
         beatsBest(c.step_us, static_cast<int>(i), best, result.chosen)) {
       best = c.step_us;
@@ -321,17 +357,41 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
       result.pipeline = std::move(pipeline);
     }
   }
-  result.seconds = secondsSince(t0);
-  if (result.chosen < 0) {
-    std::string reasons;  // each reason once, with the candidates that gave it
-    for (const ReasonGroup& g : groupFailureReasons(result.candidates)) {
-      reasons += fmt::format("\n  {}: {}", describeGroup(g, result.candidates), g.reason);
-    }
-    MP_THROW(PlanDoesNotFitError,
-             "modelpar {}: none of the {} candidates on {} devices fits and runs; use more "
-             "devices or more memory per device. Candidates:{}",
-             kStrategySearchId, result.candidates.size(), o.devices, reasons);
+}
+
+// 4. No candidate fits and runs: PlanDoesNotFitError with each reason once,
+// with the candidates that gave it (candidate_reasons.h).
+void checkOneWasChosen(const StrategySearch& result, const StrategySearchOptions& o) {
+  if (result.chosen >= 0) return;
+  std::string reasons;
+  for (const ReasonGroup& g : groupFailureReasons(result.candidates)) {
+    reasons += fmt::format("\n  {}: {}", describeGroup(g, result.candidates), g.reason);
   }
+  MP_THROW(PlanDoesNotFitError,
+           "modelpar {}: none of the {} candidates on {} devices fits and runs; use more "
+           "devices or more memory per device. Candidates:{}",
+           kStrategySearchId, result.candidates.size(), o.devices, reasons);
+}
+
+}  // namespace
+
+StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
+  checkDevices(kStrategySearchId, o.devices);
+  MP_CHECK(o.batch_size && *o.batch_size >= 1, ConfigError,
+           "modelpar {}: batch_size is required (an int >= 1): the search costs the step at the "
+           "real batch size",
+           kStrategySearchId);
+  const int64_t batch = *o.batch_size;
+  const BatchOfStep b = batchOfStep(step, o);
+  const PlacementOptions base = basePlacementOptions(o, b, batch);
+  const DeviceModel machine = planMachine(base);  // checks devices, memory and machine
+  StrategySearch result;
+  result.candidates = candidates(o, batch, b);
+  boundCandidates(step, machine, base, b.symbol, o, result);
+  planInBoundOrder(step, o, base, machine, batch, result);
+  result.seconds = secondsSince(t0);
+  checkOneWasChosen(result, o);
   return result;
 }
 

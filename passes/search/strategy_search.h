@@ -97,6 +97,10 @@ struct StrategySearchOptions {
   /// Skip candidates whose lower bound cannot beat the best found
   /// (Note [A lower bound per candidate]).
   bool prune = true;
+  /// m-SCT's LP: its iteration limit decides (the same on every rank and
+  /// load: Note [An LP that does not depend on the clock]); the time limit is
+  /// a backstop.
+  int64_t msct_lp_iteration_limit = 100000;
   double msct_lp_time_limit_s = 5.0;
   /// MadPipe's pattern ILP: CBC's node limit per solve, which bounds the
   /// search's time the same on every machine and load, so that ranks

@@ -5,8 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cmath>
 #include <random>
+#include <thread>
 
 #include "ir/error.h"
 #include "ir/parser.h"
@@ -417,6 +419,57 @@ TEST(PatternIlp, SchedulesTheSpecialDeviceAndRespectsMemory) {
     for (int64_t b : tight->memory_bytes) EXPECT_LE(b, 30);
   }
   EXPECT_FALSE(periodicPatternIlp(c, p, o, 3.0).has_value());  // device 0 needs 4 us
+}
+
+// Note [A pattern that does not depend on the clock]: with the node limit
+// deciding, the backstop time limit (1 s or 1000 s) and two threads
+// spinning on the cores change nothing: each MadPipe plan with a shared
+// device gets the same pattern every time. The default limits are a node
+// count and a backstop.
+TEST(MadPipe, TheNodeLimitNotTheClockDecidesThePattern) {
+  EXPECT_GT(PartitionOptions{}.madpipe_pattern_node_limit, 0);
+  std::mt19937 rng(9);
+  std::uniform_int_distribution<int> t(1, 20), bytes(0, 40), len(2, 8), dev(2, 4);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 2; ++i) {
+    load.emplace_back([&] {
+      volatile double x = 1;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+  }
+  int compared = 0;
+  for (int trial = 0; trial < 150 && compared < 6; ++trial) {
+    int L = len(rng), n = dev(rng);
+    std::vector<double> time;
+    std::vector<int64_t> out, stored, w;
+    for (int i = 0; i < L; ++i) {
+      time.push_back(t(rng));
+      out.push_back(i + 1 < L ? bytes(rng) : 0);
+      stored.push_back(bytes(rng));
+      w.push_back(bytes(rng));
+    }
+    LayerChain c = chainOf(time, out, stored, w);
+    PartitionOptions o = slowLinks(n, std::uniform_int_distribution<int64_t>(100, 900)(rng));
+    o.microbatches = 1000;
+    o.madpipe_pattern_node_limit = 20;
+    o.madpipe_pattern_time_limit_s = 1000;
+    std::optional<StagePartition> ref = madpipePartition(c, o);
+    if (!ref || !ref->pattern) continue;
+    ++compared;
+    for (double backstop : {1.0, 1000.0}) {
+      o.madpipe_pattern_time_limit_s = backstop;
+      std::optional<StagePartition> p = madpipePartition(c, o);
+      ASSERT_TRUE(p && p->pattern) << "trial " << trial;
+      EXPECT_EQ(p->period_us, ref->period_us) << "trial " << trial;
+      EXPECT_EQ(p->pattern->fwd_start_us, ref->pattern->fwd_start_us) << "trial " << trial;
+      EXPECT_EQ(p->pattern->bwd_shift, ref->pattern->bwd_shift) << "trial " << trial;
+      EXPECT_EQ(p->memory_bytes, ref->memory_bytes) << "trial " << trial;
+    }
+  }
+  stop = true;
+  for (std::thread& th : load) th.join();
+  EXPECT_GT(compared, 0);
 }
 
 TEST(MadPipe, PhaseTwoGivesSharedDevicesAPatternWithinMemory) {

@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <random>
+#include <thread>
 
 #include "ir/error.h"
 #include "ir/parser.h"
@@ -168,6 +170,44 @@ TEST(PlaceMSct, WindowedLpKeepsGrahamsBoundsAndCostlyGraphsOnOneDevice) {
     Placement q = placeMSct(one, machine(m, int64_t{1} << 40, 1e9, 1.0), o);
     for (int32_t d : q.node_device) EXPECT_EQ(d, q.node_device[0]);
   }
+}
+
+// Note [An LP that does not depend on the clock]: an LP stopped by its
+// iteration limit rounds the same favourites whatever the clock allows and
+// whatever else loads the machine. Two threads spin on the cores while the
+// same 300-task LP, cut short at 20 iterations, is solved with a backstop of
+// 1 s and of 1000 s: the same unfinished basis, the same favourites.
+TEST(PlaceMSct, TheIterationLimitNotTheClockDecidesAnUnfinishedLp) {
+  std::mt19937 rng(41);
+  ir::Graph g = testing::randomDag(rng, 300, 0.03, 4096);
+  TaskGraph tg = buildTaskGraph(g);
+  MSctStats stats;
+  MSctOptions o;
+  o.stats = &stats;
+  o.lp_iteration_limit = 20;
+  o.lp_time_limit_s = 1000;
+  std::vector<int32_t> reference = favouriteChildren(tg, machine(3), o);
+  EXPECT_FALSE(stats.lp_optimal);  // the iteration limit stopped it
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> load;
+  for (int i = 0; i < 2; ++i) {
+    load.emplace_back([&] {
+      volatile double x = 1;
+      while (!stop.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+    });
+  }
+  for (double backstop : {1.0, 1000.0, 1.0}) {
+    o.lp_time_limit_s = backstop;
+    EXPECT_EQ(favouriteChildren(tg, machine(3), o), reference) << "backstop " << backstop << " s";
+  }
+  stop = true;
+  for (std::thread& t : load) t.join();
+  // Unlimited, the LP finishes; the option takes counts >= 0.
+  o.lp_iteration_limit = 0;
+  favouriteChildren(tg, machine(3), o);
+  EXPECT_TRUE(stats.lp_optimal);
+  o.lp_iteration_limit = -1;
+  EXPECT_THROW(favouriteChildren(tg, machine(3), o), ConfigError);
 }
 
 TEST(PlaceMSct, RejectsABadThreshold) {
