@@ -99,7 +99,7 @@ CheckpointResult checkpoint(const ir::Graph& g, const std::vector<int32_t>& stag
   for (size_t n = 0; n < nn; ++n) {
     const ir::Node& nd = g.nodes()[n];
     candidate[n] = nd.phase == Phase::Forward && nd.microbatch && checkpointed(*nd.microbatch) &&
-                   !nd.outputs.empty() && !ir::isRandomOp(nd.op) && !isInPlaceOp(nd.op) &&
+                   !nd.outputs.empty() && !ir::isRandom(nd) && !isInPlaceOp(nd.op) &&
                    !touchesMutated(nd);
   }
   auto groupOf = [&](NodeId n) {
