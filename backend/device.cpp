@@ -3,6 +3,9 @@
 // hooks register when the library loads, and so does the name where no GPU
 // is visible; where one is, the name waits for modelpar::device()
 // (nameDevice(), Note [Naming the device is not free]).
+#include <cstdlib>
+#include <string_view>
+
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/DeviceAccelerator.h>
 #include <ATen/detail/PrivateUse1HooksInterface.h>
@@ -10,6 +13,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 
+#include "backend/device.h"
 #include "backend/storage.h"
 
 namespace modelpar::backend {
@@ -72,8 +76,12 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl);
 // XPU, MPS, ...): what naming PrivateUse1 would take over. Asks the device
 // count as torch.cuda.is_available() does (modelpar's Python module asks
 // that at import), and never throws (at::accelerator::deviceCount's
-// contract).
+// contract). MODELPAR_NAME_DEVICE_AT_LOAD=0 answers as if one were: for a
+// process that registers another PrivateUse1 backend, and for tests that
+// stand in for a GPU machine.
 bool acceleratorVisible() {
+  const char* env = std::getenv("MODELPAR_NAME_DEVICE_AT_LOAD");
+  if (env != nullptr && std::string_view(env) == "0") return true;
   const std::optional<c10::DeviceType> acc = at::accelerator::getAccelerator(/*checked=*/false);
   return acc.has_value() && *acc != kType && at::accelerator::deviceCount() > 0;
 }
@@ -120,7 +128,9 @@ struct Register {
 // it; modelpar::device() does, once the program asks for the modelpar device
 // (include/modelpar/modelpar.h says so), and the Python module does at
 // import only where no GPU is visible (modelpar.device.enable() otherwise,
-// with a warning). tests/libtorch/device_name_test.cpp is the program as
+// with a warning). MODELPAR_NAME_DEVICE_AT_LOAD=0 keeps loading from naming
+// it anyway (another PrivateUse1 backend in the process; tests standing in
+// for a GPU machine). tests/libtorch/device_name_test.cpp is the program as
 // users write it.
 void nameDevice() {
   static const bool named = [] {
