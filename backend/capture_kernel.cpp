@@ -95,7 +95,8 @@ std::vector<IValue> recordCall(const c10::OperatorHandle& op, const std::vector<
       throw CannotCapture(c10::str("it returns a ", r.tagKind(), " computed from tensor data"));
     }
   }
-  const std::vector<ir::ValueId> outs = session().record(opName(s), ir_args, std::move(types));
+  const std::vector<ir::ValueId> outs =
+      session().record(opName(s), ir_args, std::move(types), capture::drawsRandom(op));
 
   std::vector<IValue> results;
   size_t k = 0;

@@ -172,11 +172,12 @@ int64_t Session::beginCall(const std::vector<c10::IValue>& args) {
 }
 
 std::vector<ir::ValueId> Session::record(const std::string& op, std::vector<ir::Arg> args,
-                                         std::vector<ir::Type> types) {
+                                         std::vector<ir::Type> types, bool random) {
   const std::optional<ir::Phase> phase = currentPhase();
   if (phase == ir::Phase::Backward) backward_seen_ = true;
   ++counters_.ops_recorded;
-  return trace_.addNode(op, std::move(args), std::move(types), currentLayer(), phase, current_seq_);
+  return trace_.addNode(op, std::move(args), std::move(types), currentLayer(), phase, current_seq_,
+                        random);
 }
 
 void Session::defineFresh(const at::Tensor& t, ir::ValueId v) {

@@ -114,9 +114,11 @@ class Session {
   /// endCall (calls nest: a copy kernel records through the capture kernel).
   int64_t beginCall(const std::vector<c10::IValue>& args);
   void endCall(int64_t previous) { current_seq_ = previous; }
-  /// Records a node with the session's layer and phase; returns its outputs.
+  /// Records a node with the session's layer and phase, marked `random`
+  /// when the op draws random numbers (capture::drawsRandom); returns its
+  /// outputs.
   std::vector<ir::ValueId> record(const std::string& op, std::vector<ir::Arg> args,
-                                  std::vector<ir::Type> types);
+                                  std::vector<ir::Type> types, bool random = false);
   /// `t` is a fresh storage whose contents are `v`.
   void defineFresh(const at::Tensor& t, ir::ValueId v);
   /// `t` is a view made by `step` whose contents are `v`.

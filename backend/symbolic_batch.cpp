@@ -177,6 +177,7 @@ SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::strin
     m.phase = n.phase;
     m.device = n.device;
     m.microbatch = n.microbatch;
+    m.random = n.random;
     m.cost = n.cost;
     if (!n.label.empty()) s.setLabel(id, n.label);
   }

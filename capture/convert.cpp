@@ -2,6 +2,7 @@
 #include "capture/convert.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/StringUtil.h>
 
 #include "ir/error.h"
@@ -151,5 +152,7 @@ std::vector<ir::Arg> toArgs(const c10::FunctionSchema& schema, c10::ArrayRef<c10
   }
   return out;
 }
+
+bool drawsRandom(const c10::OperatorHandle& op) { return op.hasTag(at::Tag::nondeterministic_seeded); }
 
 }  // namespace modelpar::capture

@@ -14,7 +14,17 @@
 #include "ir/arg.h"
 #include "ir/types.h"
 
+namespace c10 {
+class OperatorHandle;
+}  // namespace c10
+
 namespace modelpar::capture {
+
+/// Whether calls of `op` draw from a random generator: its schema carries
+/// PyTorch's `nondeterministic_seeded` tag (dropout, bernoulli, uniform,
+/// ...). What marks the recorded node `random` (ir::isRandom), whatever its
+/// name.
+bool drawsRandom(const c10::OperatorHandle& op);
 
 /// How tensors and devices of a call are written in the IR.
 struct ArgContext {

@@ -35,7 +35,7 @@ ir::ValueId Trace::addInput(ir::Type type, TracedInput in) {
 
 std::vector<ir::ValueId> Trace::addNode(std::string op, std::vector<ir::Arg> args,
                                         std::vector<ir::Type> output_types, std::string layer,
-                                        std::optional<ir::Phase> phase, int64_t seq) {
+                                        std::optional<ir::Phase> phase, int64_t seq, bool random) {
   const auto node = static_cast<int64_t>(nodes_.size());
   std::vector<ir::ValueId> outs;
   outs.reserve(output_types.size());
@@ -44,7 +44,7 @@ std::vector<ir::ValueId> Trace::addNode(std::string op, std::vector<ir::Arg> arg
     types_.push_back(std::move(t));
     producer_.push_back(node);
   }
-  nodes_.push_back(TracedNode{std::move(op), std::move(args), outs, std::move(layer), phase, seq});
+  nodes_.push_back(TracedNode{std::move(op), std::move(args), outs, std::move(layer), phase, seq, random});
   return outs;
 }
 
@@ -106,6 +106,7 @@ BuiltGraph Trace::build(const std::vector<ir::ValueId>& outputs, const std::stri
     ir::Node& node = out.graph.node(id);
     node.layer = tn.layer;
     node.phase = tn.phase;
+    node.random = tn.random;
     seqs.push_back(tn.seq);
     for (size_t k = 0; k < tn.outputs.size(); ++k) {
       remap[static_cast<size_t>(tn.outputs[k])] = node.outputs[k];

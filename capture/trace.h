@@ -35,6 +35,9 @@ struct TracedNode {
   /// Autograd sequence number: a backward node shares it with the forward
   /// node it differentiates (-1: none).
   int64_t seq = -1;
+  /// The op draws random numbers (its schema's nondeterministic_seeded tag,
+  /// drawsRandom in convert.h): the graph's node is marked `random`.
+  bool random = false;
 };
 
 /// The result of Trace::build.
@@ -64,7 +67,8 @@ class Trace {
   /// Appends a node and returns the ids of its outputs (one per type).
   std::vector<ir::ValueId> addNode(std::string op, std::vector<ir::Arg> args,
                                    std::vector<ir::Type> output_types, std::string layer = {},
-                                   std::optional<ir::Phase> phase = std::nullopt, int64_t seq = -1);
+                                   std::optional<ir::Phase> phase = std::nullopt, int64_t seq = -1,
+                                   bool random = false);
 
   const ir::Type& type(ir::ValueId v) const { return types_.at(static_cast<size_t>(v)); }
   /// The node defining `v`, or -1 for an input.

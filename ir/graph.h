@@ -71,6 +71,10 @@ struct Node {
   std::optional<int> device;      // logical device id
   std::optional<int> microbatch;  // micro-batch index
   std::optional<Cost> cost;
+  /// The op draws from a random generator (text `random=true`): set by the
+  /// importers from the schema's `nondeterministic_seeded` tag, read through
+  /// ir::isRandom (random_ops.h), which also knows random ops by name.
+  bool random = false;
 
   /// "aten::add.Tensor" or "aten::mm".
   std::string qualifiedName() const;

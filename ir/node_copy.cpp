@@ -42,6 +42,7 @@ NodeId copyNode(const Graph& src, NodeId n, Graph& dst, const NodeCopyRules& rul
   copy.phase = node.phase;
   copy.device = node.device;
   copy.microbatch = node.microbatch;
+  copy.random = node.random;
   if (rules.keep_cost) copy.cost = node.cost;
   if (node.outputs.empty() && !node.label.empty()) dst.setLabel(id, rename(node.label));
   if (output_map) {

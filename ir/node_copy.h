@@ -38,7 +38,8 @@ struct NodeCopyRules {
 /// Appends a copy of `src.node(n)` to `dst`: the same op, value arguments
 /// mapped through rules.value, outputs (and, for a node without outputs, its
 /// label) named by rules.name and typed by rules.type, and the annotations
-/// layer, phase, device, micro-batch and (with keep_cost) cost. When
+/// layer, phase, device, micro-batch, the random mark and (with keep_cost)
+/// cost. When
 /// `output_map` is given, it records output k of the source node (indexed by
 /// source ValueId) as the copy's output k. Returns the copy's id. Throws
 /// InvalidIrError from Graph::addNode for a taken name.

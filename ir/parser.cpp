@@ -201,15 +201,16 @@ class Parser {
 
   void parseNodeAttrs(Node& n) {
     in_.expectPunct("{");
-    bool seen[5] = {};
-    constexpr std::string_view kNames[5] = {"layer", "phase", "device", "mb", "cost"};
+    constexpr size_t kCount = 6;
+    bool seen[kCount] = {};
+    constexpr std::string_view kNames[kCount] = {"layer", "phase", "device", "mb", "cost", "random"};
     do {
       const Token& key = in_.expect(Kind::Name, "attribute name");
       size_t k = 0;
-      while (k < 5 && kNames[k] != key.text) ++k;
-      if (k == 5) {
+      while (k < kCount && kNames[k] != key.text) ++k;
+      if (k == kCount) {
         TokenCursor::fail(key, fmt::format("unknown attribute '{}' (known: layer, phase, device, "
-                                           "mb, cost)", key.text));
+                                           "mb, cost, random)", key.text));
       }
       if (seen[k]) TokenCursor::fail(key, fmt::format("attribute '{}' given twice", key.text));
       seen[k] = true;
@@ -227,6 +228,15 @@ class Parser {
         n.device = static_cast<int>(in_.expectInt("device", kMinInt32, kMaxInt32));
       } else if (k == 3) {
         n.microbatch = static_cast<int>(in_.expectInt("micro-batch", kMinInt32, kMaxInt32));
+      } else if (k == 5) {
+        // A mark, not a setting: a node that does not draw has no attribute.
+        const Token& v = in_.peek();
+        if (!v.isName("true")) {
+          TokenCursor::fail(v, "attribute 'random' takes only random=true (a node that does not "
+                               "draw random numbers is written without it)");
+        }
+        in_.expect(Kind::Name, "true");
+        n.random = true;
       } else {
         n.cost = parseCost();
       }

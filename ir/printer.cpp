@@ -43,13 +43,15 @@ std::string typed(const Graph& g, ValueId v) {
   return fmt::format("{}: {}", valueRef(g, v), toString(g.value(v).type));
 }
 
-// Attributes in the fixed order layer, phase, device, mb, cost; unset ones omitted.
+// Attributes in the fixed order layer, phase, device, mb, random, cost; unset
+// ones omitted.
 std::string attrs(const Node& n) {
   std::vector<std::string> parts;
   if (!n.layer.empty()) parts.push_back("layer=" + quote(n.layer));
   if (n.phase) parts.push_back(fmt::format("phase={}", name(*n.phase)));
   if (n.device) parts.push_back(fmt::format("device={}", *n.device));
   if (n.microbatch) parts.push_back(fmt::format("mb={}", *n.microbatch));
+  if (n.random) parts.push_back("random=true");
   if (n.cost) {
     parts.push_back(fmt::format("cost={{time_us={}, out={}, temp={}, persist={}}}",
                                 printFloat(n.cost->time_us), n.cost->output_bytes,

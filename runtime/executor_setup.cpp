@@ -177,7 +177,7 @@ void Executor::Impl::resolve() {
     for (Lane& lane : lanes_) {
       const c10::Device gen_device = lane.place_on.value_or(c10::Device(c10::kCPU));
       for (Step& s : lane.steps) {
-        if (s.kind != Kind::Run || !ir::isRandomOp(g.node(s.node).op)) continue;
+        if (s.kind != Kind::Run || !ir::isRandom(g.node(s.node))) continue;
         s.seeded = true;
         if (std::find(seeded_devices_.begin(), seeded_devices_.end(), gen_device) ==
             seeded_devices_.end()) {

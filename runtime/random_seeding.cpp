@@ -44,7 +44,7 @@ bool randomOpsOrdered(const ir::Program& p) {
     for (size_t i = 0; i < s.size(); ++i) {
       const size_t id = offset[static_cast<size_t>(d)] + i;
       device_of[id] = d;
-      if (s[i].kind == ir::Instruction::Kind::Run && ir::isRandomOp(g.node(s[i].node).op)) {
+      if (s[i].kind == ir::Instruction::Kind::Run && ir::isRandom(g.node(s[i].node))) {
         random.push_back(id);
       }
       if (s[i].kind == ir::Instruction::Kind::Send) send_of[{s[i].value, d, s[i].peer}] = id;

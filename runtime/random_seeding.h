@@ -15,7 +15,7 @@
 
 namespace modelpar::runtime {
 
-/// Whether every two random ops (ir::isRandomOp) of `p` run in one order
+/// Whether every two random ops (ir::isRandom) of `p` run in one order
 /// whatever the workers' timing: one is reached from the other through the
 /// devices' instruction orders and send -> recv edges. True with fewer than
 /// two, or all on one device.
@@ -38,6 +38,11 @@ class RandomSeeding {
   /// torch.manual_seed decides it) and keeps the state of the default
   /// generator of each of `devices`, which endStep restores.
   void beginStep(const std::vector<c10::Device>& devices);
+  /// The seed beginStep drew.
+  uint64_t stepSeed() const { return step_seed_; }
+  /// Replaces the step's seed (after beginStep): the rank executor uses
+  /// rank 0's on every rank (Note [Random ops over ranks], rank_executor.cpp).
+  void setStepSeed(uint64_t seed) { step_seed_ = seed; }
   /// Seeds `device`'s default generator for node `node` and returns the lock
   /// that keeps every other worker's random op out until the op has run.
   std::unique_lock<std::mutex> seed(ir::NodeId node, c10::Device device);

@@ -22,9 +22,11 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "ir/printer.h"
+#include "ir/random_ops.h"
 #include "ir/verifier.h"
 #include "runtime/check.h"
 #include "runtime/op_call.h"
+#include "runtime/random_seeding.h"
 #include "runtime/rank_messages.h"
 #include "runtime/rank_schedule.h"
 #include "runtime/threads.h"
@@ -85,7 +87,36 @@ namespace modelpar::runtime {
 //
 // Every wait has the executor's timeout: a peer that raised or died makes the
 // wait fail (Gloo: connection closed, or the timeout) and run() throws
-// PeerError naming the peer and the instruction.
+// PeerError naming the peer and the instruction. What a peer sends is
+// checked before memory is laid out from it (Note [Peer data is checked],
+// rank_messages.cpp).
+
+// Note [Random ops over ranks]
+// Each rank draws from its own process's generators, so without care every
+// stage's first dropout draws the same mask (torch.manual_seed(s) on every
+// rank sets them all alike), and which rank runs a stage decides its masks.
+// As in one process (Note [Reproducible random ops over workers],
+// random_seeding.cpp), a program with random ops (ir::isRandom) reseeds each
+// of them from the step's seed and its node, so what an op draws is a
+// function of torch.manual_seed, the step and the op alone, whichever rank
+// runs it. The step's seed must be one on every rank: each rank draws one
+// from its default CPU generator (so every rank's generator moves on alike,
+// one draw per step, as in one process) and rank 0 broadcasts its own,
+// which every rank uses. Rank 0's generator thus decides, as the one
+// process's does in-process: a pipeline over ranks draws the masks the same
+// pipeline over CPU workers draws after the same torch.manual_seed, even
+// when the other ranks' generators have drawn other numbers. The broadcast
+// is the first message of a step (one int64), before any receive is posted.
+// Programs without random ops skip it. After the step, the generators are
+// put back as the seed's draw left them.
+
+// Note [One step at a time]
+// A step fills the executor's value slots, receive buffers and pending
+// sends, and its messages are matched by tag and order with the peers' of
+// the same step, so two steps of one executor must not interleave: run()
+// holds a mutex for the whole step, and a second thread calling it (one
+// compiled function called from two threads) waits for the first step to
+// end. Every rank must still run the same sequence of steps.
 
 namespace {
 
@@ -262,6 +293,17 @@ class RankExecutor::Impl {
                   g.outputs().size(), " graph outputs, ", size_, " devices");
       if (holders_[k] >= 0 && !present_[k][static_cast<size_t>(home)]) moves_.emplace_back(k, home);
     }
+    // Note [Random ops over ranks]: the program's, not only this rank's, so
+    // that every rank takes part in the seed's broadcast.
+    seeded_.assign(g.numNodes(), false);
+    for (int d = 0; d < size_; ++d) {
+      for (const ir::Instruction& inst : program_.schedule(d)) {
+        if (inst.kind == Kind::Run && ir::isRandom(g.node(inst.node))) {
+          random_ = true;
+          seeded_[static_cast<size_t>(inst.node)] = true;
+        }
+      }
+    }
     env_.assign(g.numValues(), c10::IValue());
     const std::vector<ir::Instruction>& mine = program_.schedule(rank_);
     posted_.resize(mine.size());
@@ -271,6 +313,7 @@ class RankExecutor::Impl {
   }
 
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs) {
+    std::lock_guard<std::mutex> one_step(run_mu_);  // Note [One step at a time]
     const ir::Graph& g = program_.graph();
     MP_RT_CHECK(inputs.size() == g.inputs().size(), ExecutionError, "modelpar rank ", rank_,
                 ": graph @", g.name(), " takes ", g.inputs().size(), " inputs, got ", inputs.size());
@@ -294,6 +337,7 @@ class RankExecutor::Impl {
       const std::vector<ir::Instruction>& sched = program_.schedule(rank_);
       next_post_ = taken_ = 0;
       wait_ns_ = 0;
+      if (random_) agreeStepSeed();  // Note [Random ops over ranks]
       postAhead();
       if (options_.record_trace) {
         startTrace();
@@ -309,6 +353,7 @@ class RankExecutor::Impl {
       } else {
         for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
       }
+      if (random_) seeding_.endStep();
       sendHome();
       finishSends();
       std::vector<c10::IValue> out = outputs();
@@ -316,6 +361,7 @@ class RankExecutor::Impl {
       std::fill(env_.begin(), env_.end(), c10::IValue());
       return out;
     } catch (const std::exception& e) {
+      if (random_) seeding_.endStep();
       broken_ = true;
       broken_reason_ = e.what();
       std::fill(env_.begin(), env_.end(), c10::IValue());
@@ -371,7 +417,7 @@ class RankExecutor::Impl {
       if (home != rank_) continue;
       const ir::ValueId v = g.outputs()[k];
       const ir::Instruction inst = ir::Instruction::recv(v, holders_[k]);
-      env_[static_cast<size_t>(v)] = receive(g.value(v).type, [&](at::Tensor& t) {
+      env_[static_cast<size_t>(v)] = receive(g.value(v).type, source(end, inst, inst.peer), [&](at::Tensor& t) {
         std::vector<at::Tensor> one{t};
         wait([&] { return over(inst.peer, rank_).recv(one, inst.peer, static_cast<int>(v)); }, end,
              inst, inst.peer, "sent nothing");
@@ -386,6 +432,8 @@ class RankExecutor::Impl {
         if (writes_[static_cast<size_t>(inst.node)]) fence(inst.node);
         const ResolvedOp& op = ops_[static_cast<size_t>(inst.node)];
         std::vector<c10::IValue> out;
+        std::unique_lock<std::mutex> seeded;  // Note [Random ops over ranks]
+        if (seeded_[static_cast<size_t>(inst.node)]) seeded = seeding_.seed(inst.node, options_.device);
         try {
           // Note [Factory ops follow their device] (op_call.cpp): on a GPU rank.
           out = op.call(env_, options_.device.is_cuda() ? &options_.device : nullptr);
@@ -418,7 +466,7 @@ class RankExecutor::Impl {
           env_[static_cast<size_t>(inst.value)] = takePosted(i, inst);
           return;
         }
-        env_[static_cast<size_t>(inst.value)] = receive(type, [&](at::Tensor& t) {
+        env_[static_cast<size_t>(inst.value)] = receive(type, source(i, inst, inst.peer), [&](at::Tensor& t) {
           std::vector<at::Tensor> one{t};
           wait([&] { return over(inst.peer, rank_).recv(one, inst.peer, static_cast<int>(inst.value)); },
                i, inst, inst.peer, "sent nothing");
@@ -435,9 +483,17 @@ class RankExecutor::Impl {
     }
   }
 
-  // Receives one value of `type`; `get(t)` receives one message into t.
+  // Who sends value `v` to this rank at instruction i (`inst`), for the
+  // checks of what it sends.
+  MessageSource source(size_t i, const ir::Instruction& inst, int sender) const {
+    return MessageSource{where(i, inst), sender, program_.graph().value(inst.value).name};
+  }
+
+  // Receives one value of `type` from `from`; `get(t)` receives one message
+  // into t. The header is checked before anything is allocated from it
+  // (Note [Peer data is checked]).
   template <typename Get>
-  c10::IValue receive(const ir::Type& type, Get&& get) {
+  c10::IValue receive(const ir::Type& type, const MessageSource& from, Get&& get) {
     const at::TensorOptions on = at::TensorOptions().device(options_.device);
     if (!type.isTensor()) {
       const bool real = type.kind == ir::Type::Kind::Float;
@@ -460,14 +516,40 @@ class RankExecutor::Impl {
     get(h);
     at::Tensor hc = h.cpu();
     const int64_t* p = hc.data_ptr<int64_t>();
-    std::vector<int64_t> sizes(p, p + ndim);
-    std::vector<int64_t> strides(p + ndim, p + 2 * ndim);
+    const FrameLayout layout = checkFrameHeader(c10::ArrayRef<int64_t>(p, static_cast<size_t>(2 * ndim)),
+                                                type, from, options_.max_message_bytes);
+    const std::vector<int64_t>& sizes = layout.sizes;
+    const std::vector<int64_t>& strides = layout.strides;
     at::Tensor data = at::empty(sizes, dt);
     get(data);
     if (strides == contiguousStrides(sizes)) return data;
     at::Tensor out = at::empty_strided(sizes, strides, dt);
     out.copy_(data);
     return out;
+  }
+
+  // Note [Random ops over ranks]: every rank draws a seed (its CPU generator
+  // moves on as rank 0's does); rank 0's, broadcast, is the step's.
+  void agreeStepSeed() {
+    seeding_.beginStep({options_.device});
+    at::Tensor seed = at::empty({1}, at::TensorOptions().dtype(c10::kLong));
+    seed.data_ptr<int64_t>()[0] = static_cast<int64_t>(seeding_.stepSeed());
+    seed = seed.to(options_.device);
+    c10d::BroadcastOptions bo;
+    bo.rootRank = 0;
+    bo.timeout = options_.timeout;
+    std::vector<at::Tensor> one{seed};
+    const auto start = Clock::now();
+    try {
+      group_->broadcast(one, bo)->wait(options_.timeout);
+      wait_ns_ += std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - start).count();
+    } catch (const std::exception& e) {
+      throw PeerError(c10::str("modelpar rank ", rank_, ": rank 0 did not broadcast the step's "
+                               "random seed within the ", options_.timeout.count(),
+                               " ms timeout: rank 0 raised, was killed, or runs another program; ",
+                               errorText(e)), 0);
+    }
+    seeding_.setStepSeed(static_cast<uint64_t>(seed.cpu().data_ptr<int64_t>()[0]));
   }
 
   // Note [Posting receives ahead]: a receive of a fixed size is posted up to
@@ -506,7 +588,7 @@ class RankExecutor::Impl {
     } catch (const std::exception& e) {
       throwPeer(i, inst, inst.peer, "sent nothing", start, errorText(e));
     }
-    c10::IValue v = unpack(p.buffer, program_.graph().value(inst.value).type);
+    c10::IValue v = unpack(p.buffer, program_.graph().value(inst.value).type, source(i, inst, inst.peer));
     p = Posted{};
     ++taken_;
     postAhead();
@@ -650,7 +732,7 @@ class RankExecutor::Impl {
       for (at::Tensor& t : frame(mine, v.type, options_.device)) one(t);
       return asFramed(mine);  // Note [Framed tensors keep their layout]
     }
-    return receive(v.type, one);
+    return receive(v.type, source(end, here, root), one);
   }
 
   ir::Program program_;
@@ -678,6 +760,12 @@ class RankExecutor::Impl {
   size_t taken_ = 0;                 // receives of fixed_recvs_ completed this step
   bool broken_ = false;
   std::string broken_reason_;
+  std::mutex run_mu_;  // Note [One step at a time]
+  // Note [Random ops over ranks]: whether the program has random ops, and
+  // which nodes are.
+  bool random_ = false;
+  std::vector<bool> seeded_;  // by NodeId
+  RandomSeeding seeding_;
   int64_t wait_ns_ = 0;  // this step: blocked in waits for peers
   ExecutionTrace trace_;  // the last step's, with record_trace
   std::chrono::steady_clock::time_point t0_;

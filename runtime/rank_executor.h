@@ -67,6 +67,11 @@ struct RankExecutorOptions {
   /// so each direction between two ranks has communicators and, over NCCL,
   /// a stream of its own (Note [One stream per direction], rank_executor.cpp).
   c10::intrusive_ptr<c10d::ProcessGroup> reverse_group;
+  /// The most bytes one received value may take (its elements, and the
+  /// span of its strides): a peer's header asking for more is an
+  /// ExecutionError (Note [Peer data is checked], rank_messages.cpp).
+  /// Default 64 GiB (kDefaultMaxMessageBytes).
+  int64_t max_message_bytes = int64_t{1} << 36;
 };
 
 /// Example (rank r of a group of 2, running a 2-device program):
@@ -101,7 +106,12 @@ class RankExecutor {
   /// PeerError for a transfer that did not complete within the timeout.
   /// After a failed step the executor refuses to run again (ExecutionError):
   /// messages of that step may still be in flight and would match the next
-  /// step's; every rank of the group is expected to stop.
+  /// step's; every rank of the group is expected to stop. A header a peer
+  /// sends that does not fit the value's IR type is an ExecutionError naming
+  /// the peer (Note [Peer data is checked]). Thread-safe: calls from several
+  /// threads run one step after another (Note [One step at a time]). When
+  /// the program has random ops, each step agrees a seed with rank 0 and
+  /// reseeds every random op from it (Note [Random ops over ranks]).
   std::vector<c10::IValue> run(std::vector<c10::IValue> inputs);
 
   int rank() const;

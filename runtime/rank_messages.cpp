@@ -62,6 +62,111 @@ std::vector<int64_t> frameStrides(const at::Tensor& t) {
 
 }  // namespace
 
+// Note [Peer data is checked]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// What a peer sends is data, not a promise: a rank of another program (a
+// rank restarted with other code, a plan that differs), a corrupt message or
+// a process that is not a modelpar rank at all can put anything in a header.
+// The receiver allocates and lays out memory from headers (empty(sizes),
+// empty_strided, as_strided over a packed message), so before it does, every
+// header is checked against the IR type the value has in the receiver's own
+// program: the rank, each fixed size, one size per symbol, sizes and strides
+// >= 0, elements that do not overlap, and bytes (element count and stride
+// span) within a bound. A header that fails is an ExecutionError naming the
+// receiving instruction, the sending rank, the value and the fault; the step
+// fails as a failed transfer does, and every rank is expected to stop.
+namespace {
+
+[[noreturn]] void refuse(const MessageSource& from, const char* what, const ir::Type& t,
+                         const std::string& fault) {
+  const std::string where = from.where.empty() ? std::string("modelpar rank executor") : from.where;
+  const std::string sender = from.sender >= 0 ? c10::str("rank ", from.sender) : std::string("a peer");
+  const std::string value = from.value.empty() ? std::string("a value") : "%" + from.value;
+  MP_RT_THROW(ExecutionError, where, ": ", sender, " sent ", what, " for ", value, " (",
+              ir::toString(t), ") with ", fault,
+              "; the ranks run different programs, or the sender is not a modelpar rank of "
+              "this one: every rank must run the same compiled program");
+}
+
+std::string joined(c10::ArrayRef<int64_t> xs) {
+  std::string s = "(";
+  for (size_t k = 0; k < xs.size(); ++k) s += c10::str(k ? ", " : "", xs[k]);
+  return s + ")";
+}
+
+// Strides >= 0, elements not overlapping, and the offset of the last
+// element; the number of elements the strides span (0 for no elements).
+int64_t checkedSpan(c10::ArrayRef<int64_t> sizes, c10::ArrayRef<int64_t> strides,
+                    const MessageSource& from, const char* what, const ir::Type& t) {
+  for (size_t k = 0; k < strides.size(); ++k) {
+    if (strides[k] < 0) refuse(from, what, t, c10::str("stride ", strides[k], " in dim ", k, "; strides are >= 0"));
+  }
+  if (!nonOverlapping(sizes, strides)) {
+    refuse(from, what, t, c10::str("strides ", joined(strides), " overlap for sizes ", joined(sizes),
+                                   ": two elements would share memory"));
+  }
+  int64_t last = 0;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    if (sizes[k] == 0) return 0;
+    int64_t step = 0;
+    if (__builtin_mul_overflow(sizes[k] - 1, strides[k], &step) ||
+        __builtin_add_overflow(last, step, &last)) {
+      refuse(from, what, t, c10::str("strides ", joined(strides), " whose span for sizes ",
+                                     joined(sizes), " overflows int64"));
+    }
+  }
+  return last + 1;
+}
+
+}  // namespace
+
+FrameLayout checkFrameHeader(c10::ArrayRef<int64_t> header, const ir::Type& t,
+                             const MessageSource& from, int64_t max_bytes) {
+  constexpr const char* kWhat = "a header";
+  const size_t ndim = t.shape.size();
+  if (header.size() != 2 * ndim) {
+    refuse(from, kWhat, t, c10::str(header.size(), " numbers where a value of rank ", ndim,
+                                    " has ", 2 * ndim));
+  }
+  FrameLayout out{header.slice(0, ndim).vec(), header.slice(ndim, ndim).vec()};
+  int64_t numel = 1;
+  bool overflow = false;
+  for (size_t k = 0; k < ndim; ++k) {
+    const int64_t n = out.sizes[k];
+    const ir::Dim& d = t.shape[k];
+    if (n < 0) refuse(from, kWhat, t, c10::str("size ", n, " in dim ", k, "; sizes are >= 0"));
+    if (!!d.isStatic() && n != d.size) {
+      refuse(from, kWhat, t, c10::str("size ", n, " in dim ", k, " where the IR type has ", d.size));
+    }
+    for (size_t j = 0; j < k; ++j) {
+      if (!d.isStatic() && !t.shape[j].isStatic() && t.shape[j].symbol == d.symbol &&
+          out.sizes[j] != n) {
+        refuse(from, kWhat, t, c10::str("size ", out.sizes[j], " in dim ", j, " and ", n, " in dim ",
+                                        k, ", both ", d.symbol, " in the IR type"));
+      }
+    }
+    overflow = overflow || __builtin_mul_overflow(numel, n, &numel);
+  }
+  const int64_t elem = ir::elementSize(t.dtype);
+  int64_t bytes = 0;
+  if (overflow || __builtin_mul_overflow(numel, elem, &bytes)) {
+    refuse(from, kWhat, t, c10::str("sizes ", joined(out.sizes), " whose byte count overflows int64"));
+  }
+  if (bytes > max_bytes) {
+    refuse(from, kWhat, t, c10::str("sizes ", joined(out.sizes), ": ", bytes, " bytes, more than the ",
+                                    max_bytes, " bytes a received value may take "
+                                    "(RankExecutorOptions::max_message_bytes)"));
+  }
+  const int64_t span = checkedSpan(out.sizes, out.strides, from, kWhat, t);
+  if (span > max_bytes / elem) {
+    refuse(from, kWhat, t, c10::str("strides ", joined(out.strides), " spanning ", span,
+                                    " elements, more than the ", max_bytes,
+                                    " bytes a received value may take "
+                                    "(RankExecutorOptions::max_message_bytes)"));
+  }
+  return out;
+}
+
 std::vector<int64_t> contiguousStrides(c10::IntArrayRef sizes) {
   std::vector<int64_t> strides(sizes.size(), 1);
   for (size_t k = sizes.size(); k-- > 1;) strides[k - 1] = strides[k] * std::max<int64_t>(sizes[k], 1);
@@ -102,7 +207,7 @@ at::Tensor pack(const c10::IValue& v, const ir::Type& t, c10::Device device) {
   return msg;
 }
 
-c10::IValue unpack(const at::Tensor& message, const ir::Type& t) {
+c10::IValue unpack(const at::Tensor& message, const ir::Type& t, const MessageSource& from) {
   if (!t.isTensor()) {
     at::Tensor cpu = message.cpu();
     if (t.kind == ir::Type::Kind::Float) {
@@ -123,6 +228,13 @@ c10::IValue unpack(const at::Tensor& message, const ir::Type& t) {
   if (ndim > 0) {
     at::Tensor h = message.narrow(0, 0, head).cpu();
     std::memcpy(strides.data(), h.data_ptr(), ndim * sizeof(int64_t));
+  }
+  // Note [Peer data is checked]: the strides lay out memory of the message.
+  const int64_t elements = (message.numel() - head) / ir::elementSize(t.dtype);
+  const int64_t span = checkedSpan(sizes, strides, from, "strides", t);
+  if (span > elements) {
+    refuse(from, "strides", t, c10::str("strides ", joined(strides), " that reach element ", span - 1,
+                                        " of the ", elements, " the message holds"));
   }
   return message.narrow(0, head, message.numel() - head).view(toC10(t.dtype)).as_strided(sizes, strides);
 }

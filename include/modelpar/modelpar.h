@@ -7,6 +7,8 @@
 //   #include <torch/torch.h>
 //   #include <modelpar/modelpar.h>
 //   torch::Device dev = modelpar::device();        // == torch::Device("modelpar")
+//                                                  // (which needs this call first
+//                                                  // only where a GPU is visible)
 //   model->to(dev);
 //   modelpar::attach(*model);                      // names parameters -> layers
 //   for (auto& [x, y] : data) {
@@ -39,11 +41,15 @@
 
 namespace modelpar {
 
-/// The modelpar device, modelpar:0 (PrivateUse1 renamed). The first call
-/// names it, after which torch::Device("modelpar") parses too. Naming it makes
-/// it PyTorch's one accelerator in this process: the backward of CUDA tensors
-/// outside modelpar fails from then on (a PyTorch limit; README, "The modelpar
-/// device and CUDA").
+/// The modelpar device, modelpar:0 (PrivateUse1 renamed). Where no GPU is
+/// visible, loading the library names it, so torch::Device("modelpar") parses
+/// from the program's first line. Where a GPU is visible, the first call of
+/// this function names it, and torch::Device("modelpar") parses only after
+/// (before, PyTorch's parser raises "Expected one of cpu, cuda, ..."): call
+/// modelpar::device() first there. Naming it makes it PyTorch's one
+/// accelerator in this process: the backward of CUDA tensors outside
+/// modelpar fails from then on (a PyTorch limit; README, "The modelpar
+/// device and CUDA"; Note [Naming the device is not free]).
 c10::Device device();
 
 /// Ends the step: runs everything recorded since the last sync and stores

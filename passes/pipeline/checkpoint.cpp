@@ -106,7 +106,7 @@ std::vector<char> recomputeCandidates(const ir::Graph& g, const CheckpointOption
   for (size_t n = 0; n < g.numNodes(); ++n) {
     const ir::Node& nd = g.nodes()[n];
     candidate[n] = nd.phase == Phase::Forward && nd.microbatch && checkpointed(*nd.microbatch) &&
-                   !nd.outputs.empty() && !ir::isRandomOp(nd.op) && !isInPlaceOp(nd.op) &&
+                   !nd.outputs.empty() && !ir::isRandom(nd) && !isInPlaceOp(nd.op) &&
                    !touchesMutated(nd);
   }
   return candidate;

@@ -319,7 +319,7 @@ void Microbatcher::checkExactness() const {
              "{}: graph @{}: {} draws a permutation per micro-batch, which would permute "
              "within each micro-batch instead of over the batch; draw it outside the compiled "
              "step, or use one micro-batch", kWho, g_.name(), ref(id));
-    MP_CHECK(o_.allow_random || !ir::isRandomOp(nd.op), UnsupportedOpError,
+    MP_CHECK(o_.allow_random || !ir::isRandom(nd), UnsupportedOpError,
              "{}: graph @{}: {} draws random numbers per micro-batch, so its mask / samples "
              "differ from the full batch's; set allow_random to accept that",
              kWho, g_.name(), ref(id));

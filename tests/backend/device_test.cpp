@@ -13,8 +13,10 @@
 namespace {
 
 // Each test runs in a process of its own (ctest), so this one sees the
-// library freshly loaded: PrivateUse1 is not named until modelpar::device()
-// is called (Note [Naming the device is not free] in backend/device.cpp).
+// library freshly loaded: modelpar::device() is PrivateUse1 named "modelpar"
+// (named when the library loaded where no GPU is visible, else by this call:
+// Note [Naming the device is not free] in backend/device.cpp; the program
+// that names it first with torch::Device is tests/libtorch/).
 TEST(BackendDevice, IsPrivateUse1NamedModelparOnFirstUse) {
   EXPECT_EQ(modelpar::device(), c10::Device(c10::DeviceType::PrivateUse1, 0));
   EXPECT_EQ(c10::get_privateuse1_backend(), "modelpar");

@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <functional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -190,6 +191,25 @@ TEST(BackendNn, ScopesNameLayers) {
   modelpar::sync();
   const std::string g = modelpar::lastGraph();
   EXPECT_NE(g.find("aten::tanh(%x) {layer=\"block1.act\", phase=fwd}"), std::string::npos) << g;
+}
+
+// The dispatch-key front end marks a recorded node random from its schema's
+// nondeterministic_seeded tag (checkpoint keeps it stored, the executors
+// reseed it), so the mark does not hang on the op's name.
+TEST(BackendNn, RecordedRandomOpsAreMarkedFromTheirSchemaTag) {
+  torch::Tensor x = torch::randn({4, 3}).to(modelpar::device());
+  torch::Tensor y = torch::dropout(torch::tanh(x), 0.5, /*train=*/true) * 2;
+  modelpar::sync();
+  const std::string g = modelpar::lastGraph();
+  int drawing = 0;
+  std::istringstream lines(g);
+  for (std::string line; std::getline(lines, line);) {
+    const bool draws = line.find("bernoulli") != std::string::npos ||
+                       line.find("native_dropout(") != std::string::npos;
+    drawing += draws;
+    EXPECT_EQ(line.find("random=true") != std::string::npos, draws) << line << "\n" << g;
+  }
+  EXPECT_GE(drawing, 1) << g;
 }
 
 }  // namespace

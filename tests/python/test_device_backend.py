@@ -153,7 +153,8 @@ def test_device_name_waits_for_enable_where_a_gpu_is_visible() -> None:
     free] in backend/device.cpp); modelpar.device.enable() names it, warning
     what that costs. A subprocess that makes torch.cuda.is_available() say
     True stands in for a GPU machine (tests/python/test_cuda.py checks the
-    real one)."""
+    real one), with MODELPAR_NAME_DEVICE_AT_LOAD=0 telling libmodelpar.so
+    the same (it names the device when it loads where no GPU is visible)."""
     import subprocess
     import sys
     script = """
@@ -179,7 +180,8 @@ assert x.to("cpu").tolist() == [2.0, 2.0, 2.0]
 print("ok")
 """
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path),
+                            "MODELPAR_NAME_DEVICE_AT_LOAD": "0"})
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout + r.stderr
 
 

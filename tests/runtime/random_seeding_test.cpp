@@ -33,6 +33,22 @@ TEST(RandomOpsOrdered, DropoutsOnTwoDevicesWithNoPathBetweenThemAreNot) {
   EXPECT_FALSE(randomOpsOrdered(twoDropouts("run %b\n recv %a <- 0\n run %c")));
 }
 
+// What the workers must reseed is known by the schema too: the functional
+// aten::uniform and a node marked random (whatever its op) on two devices
+// with no path between them are not ordered.
+TEST(RandomOpsOrdered, FunctionalSamplersAndNodesMarkedRandomCount) {
+  EXPECT_FALSE(randomOpsOrdered(ir::parseProgram(R"(
+    program devices=2
+    graph @g(%x: f32[8] input {device=0}, %y: f32[8] input {device=1}) {
+      %a: f32[8] = aten::uniform(%x, 0.0, 1.0) {device=0}
+      %b: f32[8] = aten::relu(%y) {device=1, random=true}
+      return %a, %b
+    }
+    device 0 { run %a }
+    device 1 { run %b }
+  )")));
+}
+
 TEST(RandomOpsOrdered, OneDeviceOrOneRandomOpIsOrdered) {
   EXPECT_TRUE(randomOpsOrdered(ir::parseProgram(R"(
     program devices=2

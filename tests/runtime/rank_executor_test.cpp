@@ -14,15 +14,22 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <cstring>
 #include <map>
+#include <optional>
 #include <mutex>
 #include <set>
+#include <atomic>
 #include <thread>
 #include <tuple>
+
+#include <torch/library.h>
 
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/tensor.h>
+#include <ATen/ops/zeros.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -31,6 +38,28 @@
 #include "runtime/program_interpreter.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
+
+namespace {
+
+// Counts the calls inside it at once (the most seen in `overlap_peak`): an
+// op that sleeps `ms` so that two unserialised steps overlap in it.
+std::atomic<int> overlap_now{0};
+std::atomic<int> overlap_peak{0};
+at::Tensor overlapProbe(const at::Tensor& x, int64_t ms) {
+  const int now = ++overlap_now;
+  int peak = overlap_peak.load();
+  while (now > peak && !overlap_peak.compare_exchange_weak(peak, now)) {
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  --overlap_now;
+  return x.clone();
+}
+
+TORCH_LIBRARY_FRAGMENT(modelpar_test, m) {
+  m.def("overlap_probe(Tensor x, int ms) -> Tensor", &overlapProbe);
+}
+
+}  // namespace
 
 namespace modelpar::runtime {
 namespace {
@@ -275,6 +304,119 @@ TEST(RankExecutor, ABadLocalInputIsAnExecutionErrorNamingIt) {
   std::vector<IValue> in = mlpInputs();
   in[0] = at::randn({8, 15});
   EXPECT_HAS(messageOf<ExecutionError>([&] { ex.run(in); }), "input %x of graph @mlp_pipeline should be f32[8, 16]");
+}
+
+
+// Two threads calling run() of one executor (one compiled function called
+// from two threads): the steps run one after the other, never inside each
+// other (the executor's value slots and transfers are per step).
+TEST(RankExecutor, StepsCalledFromTwoThreadsRunOneAfterTheOther) {
+  const ir::Program p = ir::parseProgram(R"(
+    program devices=1
+    graph @probe(%x: f32[4] input {device=0}) {
+      %y: f32[4] = modelpar_test::overlap_probe(%x, 100) {device=0}
+      return %y
+    }
+    device 0 { run %y }
+  )");
+  Wire wire;
+  RankExecutor ex(p, loopbackGroup(wire, 0, 1));
+  overlap_peak = 0;
+  const at::Tensor x = at::randn({4});
+  std::vector<std::vector<IValue>> got(2);
+  std::vector<std::thread> callers;
+  for (size_t t = 0; t < 2; ++t) callers.emplace_back([&, t] { got[t] = ex.run({x}); });
+  for (std::thread& t : callers) t.join();
+  EXPECT_EQ(overlap_peak.load(), 1);
+  for (const std::vector<IValue>& out : got) {
+    ASSERT_EQ(out.size(), 1u);
+    EXPECT_TRUE(at::equal(out[0].toTensor(), x));
+  }
+}
+
+// A program whose device 0 sends %y (of symbolic size B) to device 1: rank 1
+// runs it while the test plays rank 0 and writes forged messages on the wire.
+ir::Program symbolicSend() {
+  return ir::parseProgram(R"(
+    program devices=2
+    graph @fwd(%x: f32[B, 4] input {device=0}, %w: f32[4, 4] input {device=0}) {
+      %y: f32[B, 4] = aten::relu(%x) {device=0}
+      %v: f32[4, 4] = aten::relu(%w) {device=0}
+      %z: f32[B, 4] = aten::neg(%y) {device=1}
+      %u: f32[4, 4] = aten::neg(%v) {device=1}
+      return %z, %u
+    }
+    device 0 { run %y
+      run %v
+      send %y -> 1
+      send %v -> 1 }
+    device 1 { recv %y <- 0
+      recv %v <- 0
+      run %z
+      run %u }
+  )");
+}
+
+// Rank 1's step with `header` (sizes, strides) and `data` forged for %y, a
+// good %v; the message of the ExecutionError it raises ("" if none).
+std::string receiveForged(const std::vector<int64_t>& header, const at::Tensor& data,
+                          std::optional<std::vector<int64_t>> v_strides = std::nullopt) {
+  const ir::Program p = symbolicSend();
+  Wire wire;
+  RankExecutorOptions o;
+  o.timeout = std::chrono::milliseconds(2000);
+  RankExecutor ex(p, loopbackGroup(wire, 1, 2), o);
+  const int y = static_cast<int>(*p.graph().findValue("y"));
+  const int v = static_cast<int>(*p.graph().findValue("v"));
+  {
+    std::lock_guard<std::mutex> lock(wire.mu);
+    wire.box[{0, 1, y}].push_back(at::tensor(header, at::TensorOptions().dtype(c10::kLong)));
+    wire.box[{0, 1, y}].push_back(data);
+    // %v's one packed message: 2 strides (16 bytes), then 16 floats.
+    const std::vector<int64_t> st = v_strides.value_or(std::vector<int64_t>{4, 1});
+    at::Tensor msg = at::zeros({16 + 64}, at::TensorOptions().dtype(c10::kByte));
+    std::memcpy(msg.data_ptr(), st.data(), 16);
+    wire.box[{0, 1, v}].push_back(msg);
+  }
+  try {
+    ex.run({IValue(), IValue()});
+  } catch (const PeerError& e) {
+    return std::string("PeerError: ") + e.what();
+  } catch (const ExecutionError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("not an ExecutionError: ") + e.what();
+  }
+  return "";
+}
+
+TEST(RankExecutor, AWellFormedFramedReceiveIsAccepted) {
+  EXPECT_EQ(receiveForged({3, 4, 4, 1}, at::randn({3, 4})), "");
+}
+
+// Note [Peer headers are checked]: a header that does not describe a value
+// of the IR type is an ExecutionError naming the sender, the value and the
+// fault, before anything is allocated from it.
+TEST(RankExecutor, AForgedFrameHeaderIsAnExecutionErrorNamingTheSenderAndTheValue) {
+  const at::Tensor data = at::randn({3, 4});
+  std::string m = receiveForged({-3, 4, 4, 1}, data);
+  EXPECT_HAS(m, "modelpar rank 1, instruction 0 (recv %y <- 0): rank 0 sent a header for %y (f32[B, 4])");
+  EXPECT_HAS(m, "size -3 in dim 0");
+  EXPECT_HAS(receiveForged({3, 5, 5, 1}, data), "size 5 in dim 1 where the IR type has 4");
+  EXPECT_HAS(receiveForged({int64_t{1} << 40, 4, 4, 1}, data), "more than the 68719476736 bytes");
+  EXPECT_HAS(receiveForged({int64_t{1} << 62, 4, 4, 1}, data), "overflows");
+  EXPECT_HAS(receiveForged({3, 4, -4, 1}, data), "stride -4 in dim 0");
+  EXPECT_HAS(receiveForged({3, 4, 1, 1}, data), "strides (1, 1) overlap");
+}
+
+// A packed message (a value whose IR type fixes its size) carries strides
+// only: strides that reach past the message are refused the same way.
+TEST(RankExecutor, ForgedStridesOfAPackedMessageAreAnExecutionError) {
+  std::string m = receiveForged({3, 4, 4, 1}, at::randn({3, 4}), std::vector<int64_t>{400, 1});
+  EXPECT_HAS(m, "modelpar rank 1, instruction 1 (recv %v <- 0): rank 0 sent strides for %v (f32[4, 4])");
+  EXPECT_HAS(m, "reach element 1203 of the 16 the message holds");
+  EXPECT_HAS(receiveForged({3, 4, 4, 1}, at::randn({3, 4}), std::vector<int64_t>{1, 1}),
+             "strides (1, 1) overlap");
 }
 
 }  // namespace

@@ -10,6 +10,9 @@
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
 
+#include "ir/error.h"
+#include "tests/support/expect_error.h"
+
 namespace modelpar::runtime {
 namespace {
 
@@ -88,6 +91,43 @@ TEST(RankMessages, FrameKeepsTheStridesOfASliceWithGapsButNotOfAnExpandedTensor)
   at::Tensor ho = frame(one, f32({4, 1}), c10::kCPU)[0];
   EXPECT_EQ(std::vector<int64_t>(ho.data_ptr<int64_t>(), ho.data_ptr<int64_t>() + 4),
             (std::vector<int64_t>{4, 1, 2, 1}));
+}
+
+// Note [Peer data is checked]: checkFrameHeader decodes a peer's header
+// only when it describes a value of the IR type; no process group needed.
+std::string headerError(const std::vector<int64_t>& header, const ir::Type& t) {
+  try {
+    checkFrameHeader(header, t, MessageSource{"modelpar rank 1, instruction 3 (recv %h <- 0)", 0, "h"},
+                     /*max_bytes=*/1024);
+  } catch (const ExecutionError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RankMessages, AFrameHeaderOfTheIrTypeDecodesToItsSizesAndStrides) {
+  const ir::Type bb = ir::Type::tensor(ir::ScalarType::Float32, {ir::Dim::symbolic("B"), ir::Dim::fixed(4)});
+  const FrameLayout l = checkFrameHeader(std::vector<int64_t>{3, 4, 1, 3}, bb, MessageSource{});
+  EXPECT_EQ(l.sizes, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(l.strides, (std::vector<int64_t>{1, 3}));  // transposed: kept
+  // A slice with gaps (Note [Framed tensors keep their layout]) is fine.
+  EXPECT_EQ(checkFrameHeader(std::vector<int64_t>{2, 4, 16, 1}, bb, MessageSource{}).strides,
+            (std::vector<int64_t>{16, 1}));
+  // Empty: any strides span nothing.
+  EXPECT_EQ(checkFrameHeader(std::vector<int64_t>{0, 4, 4, 1}, bb, MessageSource{}).sizes,
+            (std::vector<int64_t>{0, 4}));
+}
+
+TEST(RankMessages, AFrameHeaderThatDoesNotFitTheIrTypeIsAnExecutionErrorNamingTheSender) {
+  const ir::Type bb = ir::Type::tensor(ir::ScalarType::Float32, {ir::Dim::symbolic("B"), ir::Dim::symbolic("B")});
+  EXPECT_HAS(headerError({3, 5, 5, 1}, bb),
+             "modelpar rank 1, instruction 3 (recv %h <- 0): rank 0 sent a header for %h (f32[B, B]) "
+             "with size 3 in dim 0 and 5 in dim 1, both B in the IR type");
+  EXPECT_HAS(headerError({3, 3, 3}, bb), "3 numbers where a value of rank 2 has 4");
+  EXPECT_HAS(headerError({17, 17, 17, 1}, bb), "1156 bytes, more than the 1024 bytes");
+  EXPECT_HAS(headerError({15, 15, 1000, 1}, bb), "spanning 14015 elements, more than the 1024 bytes");
+  EXPECT_HAS(headerError({2, 2, 1, 0}, bb), "strides (1, 0) overlap");
+  EXPECT_HAS(headerError({2, 2, 1, 0}, bb), "every rank must run the same compiled program");
 }
 
 }  // namespace

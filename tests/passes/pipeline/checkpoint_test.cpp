@@ -142,6 +142,34 @@ graph @drop(%x: f32[4] input) {
   EXPECT_HAS(nodeText(r.graph, "de"), "aten::mul.Tensor(%q, %e.rc)");
 }
 
+// F.gumbel_softmax under checkpoint="except_last": AOTAutograd emits the
+// functional aten::uniform (no trailing underscore), and an op the name list
+// does not know is random by its `random` mark (the schema's
+// nondeterministic_seeded tag). Both stay stored: a recompute would redraw
+// them, and the backward would differentiate other samples than the forward
+// used. %e reads them and is recomputed from the stored samples.
+TEST(Checkpoint, KeepsFunctionalSamplersAndNodesMarkedRandomStored) {
+  const char* text = R"(
+graph @gumbel(%x: f32[4] input) {
+  %a: f32[4] = aten::tanh(%x) {phase=fwd, mb=0}
+  %u: f32[4] = aten::uniform(%a, 0.0, 1.0) {phase=fwd, mb=0}
+  %s: f32[4] = mylib::sample(%a) {phase=fwd, mb=0, random=true}
+  %e: f32[4] = aten::add.Tensor(%u, %s) {phase=fwd, mb=0}
+  %f: f32[4] = aten::exp(%e) {phase=fwd, mb=0}
+  %df: f32[4] = aten::mul.Tensor(%f, %f) {phase=bwd, mb=0}
+  %dx: f32[4] = aten::tanh_backward(%df, %a) {phase=bwd, mb=0}
+  return %dx
+})";
+  ir::Graph g = ir::parseGraph(text);
+  CheckpointResult r = run(g, std::vector<int32_t>(g.numNodes(), 0), CheckpointMode::Always);
+  ASSERT_EQ(r.groups.size(), 1u);
+  EXPECT_EQ(names(r.graph, r.groups[0]), (std::vector<std::string>{"%a.rc", "%e.rc", "%f.rc"}));
+  EXPECT_FALSE(r.graph.findValue("u.rc").has_value());
+  EXPECT_FALSE(r.graph.findValue("s.rc").has_value());
+  EXPECT_EQ(nodeText(r.graph, "e.rc"), "%e.rc: f32[4] = aten::add.Tensor(%u, %s) {phase=recompute, mb=0}");
+  EXPECT_EQ(nodeText(r.graph, "s"), "%s: f32[4] = mylib::sample(%a) {phase=fwd, mb=0, random=true}");
+}
+
 TEST(Checkpoint, RejectsAForwardNodeAfterItsMicrobatchsBackward) {
   const char* text = R"(
 graph @late(%x: f32[4] input) {

@@ -493,6 +493,34 @@ graph @drop(%x: f32[B, 3] input) {
   EXPECT_HAS(msg, "allow_random");
 }
 
+// allow_random=false refuses the functional samplers AOTAutograd emits and
+// any node marked random (the schema's nondeterministic_seeded tag), not
+// only the names of the in-place samplers; the mark survives the split.
+TEST(Microbatch, RefusesFunctionalSamplersAndNodesMarkedRandomUnlessAllowed) {
+  const char* text = R"(
+graph @draw(%x: f32[B, 3] input) {
+  %u: f32[B, 3] = aten::uniform(%x, 0.0, 1.0) {layer="u", phase=fwd}
+  %s: f32[B, 3] = mylib::sample(%u) {layer="s", phase=fwd, random=true}
+  return %s
+})";
+  MicrobatchOptions o = opts(2, 4);
+  o.allow_random = false;
+  EXPECT_HAS(messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(text), o); }),
+             "%u = aten::uniform draws random numbers per micro-batch");
+  const char* marked = R"(
+graph @draw(%x: f32[B, 3] input) {
+  %s: f32[B, 3] = mylib::sample(%x) {layer="s", phase=fwd, random=true}
+  return %s
+})";
+  EXPECT_HAS(messageOf<UnsupportedOpError>([&] { microbatch(ir::parseGraph(marked), o); }),
+             "%s = mylib::sample draws random numbers per micro-batch");
+  o.allow_random = true;
+  const ir::Graph split = microbatch(ir::parseGraph(marked), o);
+  int marked_copies = 0;
+  for (const ir::Node& n : split.nodes()) marked_copies += n.op == "mylib::sample" && n.random;
+  EXPECT_EQ(marked_copies, 2);  // one per micro-batch, each still marked
+}
+
 // Note [Random ops per micro-batch]: a permutation per micro-batch is not
 // the batch's, allowed random ops or not.
 TEST(Microbatch, RejectsAPermutationDrawnPerMicroBatch) {
