@@ -187,7 +187,26 @@ class CudaGraphCapture final : public GraphCapture {
     // capture_end's order, without its checks: take the stream out of
     // capture mode, end the allocator's routing into the pool, and drop the
     // pool reference the capture took (beginAllocateToPool's).
+    // Before that, join back the tx streams that joined this capture (a send
+    // in the segment, as after() does on success): a fork left unjoined makes
+    // cudaStreamEndCapture fail with cudaErrorStreamCaptureUnjoined, and the
+    // tx streams must leave capture mode with the compute stream, or the
+    // fall-back stream step cannot use them. On an invalidated capture these
+    // calls fail; cudaStreamEndCapture still takes every stream of the
+    // capture out of capture mode. (tests/runtime/capture_failure_test.cpp.)
     const c10::cuda::CUDAStream stream = cudaOf(lanes_[ud].device->compute());
+    for (int peer : tx_used_[ud]) {
+      try {
+        std::unique_ptr<c10::cuda::CUDAEvent>& join = join_[{d, peer}];
+        if (!join) join = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDisableTiming);
+        join->record(cudaOf(lanes_[ud].device->tx(peer)));
+        join->block(stream);
+      } catch (...) {
+        // noexcept; an invalidated capture refuses the join, and ending it is enough.
+      }
+    }
+    tx_used_[ud].clear();
+    (void)cudaGetLastError();
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(stream.stream(), &g) == cudaSuccess && g != nullptr) {
       (void)cudaGraphDestroy(g);
