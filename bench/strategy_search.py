@@ -242,7 +242,7 @@ def gpu_unavailable(device_map: str) -> str | None:
     """Why ``device_map`` cannot be measured here, or None."""
     if not torch.cuda.is_available():
         return (f"--device-map {device_map} needs a GPU, and torch {torch.__version__} sees none "
-                f"(torch.cuda.is_available() is False); run it on a GPU machine "
+                "(torch.cuda.is_available() is False); run it on a GPU machine "
                 "(scripts/gpu_check.sh, step fidelity), or leave --device-map out to measure on "
                 "CPU workers")
     from modelpar.runtime.executor import cuda_devices_built
