@@ -98,6 +98,7 @@ def main() -> int:
         return one
 
     rows = []
+    kept: list[Callable[[], torch.Tensor]] = []
     chose = ""
     for name, options in [
         ("eager PyTorch", None),
@@ -112,7 +113,9 @@ def main() -> int:
                                                         "strategy": "auto"}),
     ]:
         torch._dynamo.reset()
-        ms, loss = step_ms(stepper(make(), options), args.steps, args.repeats)
+        fn = stepper(make(), options)
+        ms, loss = step_ms(fn, args.steps, args.repeats)
+        kept.append(fn)
         if options is not None and options.get("strategy") == "auto":
             import modelpar
             chosen = [c for c in modelpar.plans()[-1].candidates if c["chosen"]][0]
@@ -129,8 +132,19 @@ def main() -> int:
         print(f"| {name} | {ms:.2f} | {flops / ms / 1e9:.1f} | {rows[0][1] / ms:.2f}x | {loss:.6f} |")
     one_ms, auto_ms = rows[1][1], rows[4][1]
     if chose == "one-device":
+        # Item 1's 2 % is within drift between configurations timed one after
+        # the other: time the two again in alternating rounds (each recompiles
+        # once in its warm-up after the dynamo resets above).
+        for fn in (kept[1], kept[4]):
+            step_ms(fn, 1, 1)
+        alt: list[list[float]] = [[], []]
+        for _ in range(args.repeats):
+            for k, fn in enumerate((kept[1], kept[4])):
+                alt[k].append(step_ms(fn, args.steps, 1, warmup=0)[0])
+        a_one, a_auto = statistics.median(alt[0]), statistics.median(alt[1])
         print(f"\nauto (one-device plan) / plain one logical device: {auto_ms / one_ms:.3f} "
-              f"({auto_ms:.2f} / {one_ms:.2f} ms; goal <= 1.02, issue 37 item 1)")
+              f"({auto_ms:.2f} / {one_ms:.2f} ms); in {args.repeats} alternating rounds "
+              f"{a_auto / a_one:.3f} ({a_auto:.2f} / {a_one:.2f} ms); goal <= 1.02, issue 37 item 1")
     else:
         print(f"\nauto chose {chose!r}, not the one-device plan: {auto_ms:.2f} ms against one "
               f"logical device's {one_ms:.2f} ms (issue 37 item 1 compares the one-device plans)")

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
@@ -88,6 +89,24 @@ namespace {
 
 c10::cuda::CUDAStream cudaOf(Stream& s) {
   return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s.native());
+}
+
+/// Note [Abandoning a capture], the pinned host memory half: since PyTorch
+/// PR 167507 (torch 2.11 or so) CUDAGraph::capture_begin also routes the
+/// caching host allocator's allocations into the graph's pool
+/// (begin_allocate_to_pool, with a filter that holds the CUDAGraph), and
+/// capture_end / reset undo it. An abandoned capture undoes it here, or the
+/// host allocator keeps calling the filter of a destroyed CUDAGraph. A
+/// torch without those methods compiles to nothing (the requires-clause).
+template <typename HostAllocator>
+void endHostPoolRouting(HostAllocator* host, c10::MempoolId_t pool) noexcept {
+  if constexpr (requires { host->end_allocate_to_pool(pool); host->release_pool(pool); }) {
+    try {
+      host->end_allocate_to_pool(pool);  // throws if this capture never routed host memory
+      host->release_pool(pool);
+    } catch (...) {
+    }
+  }
 }
 
 class CudaGraphCapture final : public GraphCapture {
@@ -217,6 +236,10 @@ class CudaGraphCapture final : public GraphCapture {
       c10::cuda::CUDACachingAllocator::releasePool(stream.device_index(), pool_);
     } catch (...) {
       // noexcept: the error that made the executor abandon is the one reported.
+    }
+    try {
+      endHostPoolRouting(at::getHostAllocator(at::kCUDA), pool_);
+    } catch (...) {
     }
     graphs_[static_cast<size_t>(open_[ud])].reset();
     open_[ud] = -1;

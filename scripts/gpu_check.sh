@@ -24,14 +24,14 @@
 #                    test_executor.py: torch.compile training on 2 and 4
 #                    logical devices of cuda:0 (m-ETF, 1F1B, stream and graph
 #                    replay) against eager; the GPU calibration
-#   bench     180 s  bench/cuda_pipeline_step.py (issue 37 item 1: strategy
+#   bench    110+70s bench/cuda_pipeline_step.py (issue 37 item 1: strategy
 #                    auto's one-device plan against the plain one-device option,
 #                    goal within 2 %, now that the loss seed is not read; item 2:
 #                    1F1B on 2 logical devices against eager) and
 #                    bench/cuda_graph_step.py (graph vs stream replay vs eager vs
 #                    cudagraphs, with the profiler's kernel-time sum); the card,
 #                    driver and torch version head the log
-#   fidelity  185 s  issue 37 item 4: bench/strategy_search.py --device-map cuda:0
+#   fidelity 85+100s issue 37 item 4: bench/strategy_search.py --device-map cuda:0
 #                    on 2 and 4 logical devices (GPU_CHECK_FIDELITY_MODELS,
 #                    default mlp,gpt): every candidate of the search measured,
 #                    Spearman and MAE of simulated against measured steps beside
@@ -45,7 +45,7 @@
 #                    invalidated without an error) under compute-sanitizer
 #                    memcheck, CUDA API errors not reported (the tests cause
 #                    them on purpose); their CPU twins run in CI
-#   sanitize  240 s  the C++ CUDA tests (but CudaCaptureFailure) under
+#   sanitize 3x120 s the C++ CUDA tests (but CudaCaptureFailure) under
 #                    compute-sanitizer memcheck, racecheck, synccheck
 #   cpp        60 s  the runtime's CUDA tests (Cuda*: devices, executor, graph
 #                    replay, capture failure) without a sanitizer
