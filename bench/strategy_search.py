@@ -3,6 +3,9 @@ strategies as the machine does? (issue 17's proof; results in bench/RESULTS.md)
 
     PYTHONPATH=build/python .venv/bin/python bench/strategy_search.py \
         [--models mlp,cnn,unet,gpt,inception,looped] [--devices 2] [--runs 16]
+    # on a GPU (issue 37 item 4): N logical devices of one GPU
+    PYTHONPATH=build-gpu/python python3 bench/strategy_search.py \
+        --device-map cuda:0 --devices 2|4 [--models mlp,gpt] [--batch-scale 4]
 
 Per model of tests/python/models.py, at 4x its test batch:
 
@@ -33,6 +36,21 @@ Per model of tests/python/models.py, at 4x its test batch:
    candidates. An MAE near it is as close as this machine lets the
    simulator be checked: a perfect simulator would score about that.
 
+With ``--device-map cuda:0`` the same is done on N logical devices of one
+GPU (issue 37 item 4): the model and its inputs are on the GPU,
+torch.compile plans with ``device_map="cuda:0"``, so the search costs the
+candidates on the GPU's calibrated profile (modelpar/profiles/cuda.py, each
+logical device with its share of the GPU's memory, Note [Logical devices
+share their GPU]) as it does for any CUDA device map: no node is timed (Note
+[The searched step] times nodes on CPU workers only), and every candidate's
+Program runs on an ``Executor(device_map="cuda:0")``, each step timed from
+a synchronised start to its synchronised end (the host's issue time
+included, as the simulator's per-op overhead models it). The header names
+the card, its driver, torch and CUDA versions and the profile's calibration.
+Without a GPU (or with a modelpar built without CUDA devices) it exits with
+status 2 and says so. ``--batch-scale`` (default 4) sets the batch as a
+multiple of the test batch: the test models at 4x are launch-bound on a GPU.
+
 ``--json out.json`` writes every candidate's numbers.
 """
 
@@ -43,6 +61,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -59,16 +78,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python")
 from models import CASES  # noqa: E402
 
 
-def capture(name: str, devices: int, batch: int):
-    """The joined step graph of one model and the search torch.compile ran."""
+def capture(name: str, devices: int, batch: int, device_map: str):
+    """The joined step graph of one model and the search torch.compile ran
+    (on ``device_map``: the model and its batch are moved to the GPU of a
+    CUDA map)."""
     case = CASES[name]
     torch.manual_seed(0)
     torch._dynamo.reset()
     modelpar.clear_plans()
-    model = case.make_model()
+    on = torch.device(device_map) if device_map != "cpu-workers" else torch.device("cpu")
+    model = case.make_model().to(on)
+    options = {"devices": devices, "strategy": "auto", "strict": True}
+    if device_map != "cpu-workers":
+        options["device_map"] = device_map
     fast = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
-                         options={"devices": devices, "strategy": "auto", "strict": True})
-    x, y = case.batch(0, batch)
+                         options=options)
+    x, y = (t.to(on) for t in case.batch(0, batch))
     t0 = time.perf_counter()
     fast(x, y).backward()
     first_call = time.perf_counter() - t0
@@ -110,15 +135,27 @@ def plan_of(graph, c: dict, devices: int, batch: int, machine: str | None, launc
 PASSES = 4
 
 
-def measure(program, inputs: list, runs: int) -> list[float]:
-    """``runs`` step times (microseconds) of ``program`` after 3 warm-ups."""
-    ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
+def measure(program, inputs: list, runs: int, device_map: str = "cpu-workers") -> list[float]:
+    """``runs`` step times (microseconds) of ``program`` after 3 warm-ups. On
+    a CUDA map each step is timed from a synchronised start to its
+    synchronised end (the executor ends a step with the caller's stream
+    joined, not with a host wait)."""
+    if device_map == "cpu-workers":
+        ex = modelpar.Executor(program, device_map="cpu-workers", threads_per_device=1)
+        sync = None
+    else:
+        ex = modelpar.Executor(program, device_map=device_map)
+        sync = torch.cuda.synchronize
     for _ in range(3):
         ex.run(list(inputs))
     times = []
     for _ in range(runs):
+        if sync is not None:
+            sync()
         t0 = time.perf_counter_ns()
         ex.run(list(inputs))
+        if sync is not None:
+            sync()
         times.append((time.perf_counter_ns() - t0) / 1e3)
     return times
 
@@ -147,11 +184,13 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / (va * vb) if va and vb else float("nan")
 
 
-def bench_model(name: str, devices: int, runs: int) -> dict:
-    batch = CASES[name].batch_size * 4
-    graph, search, machine_text, launch, first_call = capture(name, devices, batch)
-    # The machine the search planned on: the CPU profile with the step's
-    # measured per-op overhead (Note [The searched step]).
+def bench_model(name: str, devices: int, runs: int, device_map: str = "cpu-workers",
+                batch_scale: int = 4) -> dict:
+    batch = CASES[name].batch_size * batch_scale
+    graph, search, machine_text, launch, first_call = capture(name, devices, batch, device_map)
+    # The machine the search planned on: on CPU workers the CPU profile with
+    # the step's measured per-op overhead (Note [The searched step]); on a
+    # CUDA map the GPU's profile, shared by the logical devices.
     machine = None
     cores = json.loads(machine_text).get("host_cores", 0.0) if machine_text else 0.0
     if machine_text is not None:
@@ -161,13 +200,15 @@ def bench_model(name: str, devices: int, runs: int) -> dict:
     full = search_strategy(graph, devices, batch, machine=machine, prune=False,
                            batch_norm="deferred", microbatch_launch_us=launch)
     inputs = step_inputs(graph, batch)
+    if device_map != "cpu-workers":  # once, not an input copy per step
+        inputs = [v.to(device_map) if isinstance(v, torch.Tensor) else v for v in inputs]
     ok = [c for c in full.candidates if c["status"] == "ok"]
     programs = [plan_of(graph, c, devices, batch, machine, launch).program for c in ok]
     # passes[k][j]: candidate k's runs in pass j.
     passes: list[list[list[float]]] = [[] for _ in ok]
     for _ in range(PASSES):
         for k, program in enumerate(programs):
-            passes[k].append(measure(program, inputs, max(1, runs // PASSES)))
+            passes[k].append(measure(program, inputs, max(1, runs // PASSES), device_map))
     times = [[t for p in ps for t in p] for ps in passes]
     rows = [{"label": c["label"], "simulated_us": c["step_us"],
              "measured_us": statistics.median(t), "peak_bytes": c["peak_bytes"],
@@ -181,7 +222,8 @@ def bench_model(name: str, devices: int, runs: int) -> dict:
     choosable = {c["label"] for c in search.candidates if c["status"] in ("ok", "pruned")}
     best = min((r for r in rows if r["label"] in choosable), key=lambda r: r["measured_us"])
     chosen = next(r for r in rows if r["label"] == chosen_label)
-    return {"model": name, "batch": batch, "nodes": graph.num_nodes,
+    return {"model": name, "device_map": device_map, "devices": devices, "batch": batch,
+            "nodes": graph.num_nodes,
             "candidates": len(full.candidates), "ran": len(rows),
             "search_s": search.seconds, "search_planned": sum(
                 c["status"] != "pruned" for c in search.candidates),
@@ -196,26 +238,85 @@ def bench_model(name: str, devices: int, runs: int) -> dict:
             "rows": rows}
 
 
+def gpu_unavailable(device_map: str) -> str | None:
+    """Why ``device_map`` cannot be measured here, or None."""
+    if not torch.cuda.is_available():
+        return (f"--device-map {device_map} needs a GPU, and torch {torch.__version__} sees none "
+                "(torch.cuda.is_available() is False); run it on a GPU machine "
+                "(scripts/gpu_check.sh, step fidelity), or leave --device-map out to measure on "
+                "CPU workers")
+    from modelpar.runtime.executor import cuda_devices_built
+    if not cuda_devices_built():
+        return (f"--device-map {device_map}: this modelpar build has no CUDA devices; build it "
+                "against a CUDA torch (scripts/gpu_check.sh builds build-gpu)")
+    from modelpar.errors import ConfigError
+    from modelpar.profiles.cuda import gpus_of
+    try:
+        gpus = gpus_of(device_map)
+    except ConfigError as e:
+        return str(e)
+    if "," in device_map or max(gpus) >= torch.cuda.device_count():
+        return (f"--device-map {device_map}: give one visible GPU, cuda:K (K < "
+                f"{torch.cuda.device_count()}), whose logical devices the plans share")
+    return None
+
+
+def driver_version() -> str:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20, check=True).stdout
+        return out.split()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return "unknown"
+
+
+def header(device_map: str) -> str:
+    """The machine, torch and the profile the plans were costed on."""
+    if device_map == "cpu-workers":
+        machine = cpu_profile_path(1)
+        where = f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+    else:
+        from modelpar.profiles.cuda import cuda_profile_path, gpus_of
+        machine = cuda_profile_path(device_map)
+        index = gpus_of(device_map)[0]
+        where = (f"{torch.cuda.get_device_name(index)} ({device_map}), driver {driver_version()}, "
+                 f"CUDA {torch.version.cuda}, {os.cpu_count()} host cores, TF32 matmul "
+                 f"{torch.backends.cuda.matmul.allow_tf32}")
+    prof = json.loads(Path(machine).read_text()) if machine else {}
+    return (f"# {time.strftime('%Y-%m-%d %H:%M')}, {where}, torch {torch.__version__}, profile "
+            f"{json.dumps(prof.get('calibration', {}))}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="mlp,cnn,unet,gpt,inception,looped")
-    ap.add_argument("--devices", type=int, default=2)
+    ap.add_argument("--devices", type=int, default=2,
+                    help="logical devices (CPU workers, or of the GPU of --device-map)")
+    ap.add_argument("--device-map", default="cpu-workers",
+                    help="cpu-workers (default) or cuda:K: N logical devices of GPU K")
+    ap.add_argument("--batch-scale", type=int, default=4,
+                    help="the batch as a multiple of the model's test batch (default 4)")
     ap.add_argument("--runs", type=int, default=16)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.devices < 2:
+        ap.error("--devices must be at least 2 (the search compares plans over several devices)")
+    if args.device_map != "cpu-workers":
+        why = gpu_unavailable(args.device_map)
+        if why is not None:
+            print(f"strategy_search: {why}", file=sys.stderr)
+            return 2
     torch.set_num_threads(1)
-    machine = cpu_profile_path(1)
-    prof = json.loads(Path(machine).read_text()) if machine else {}
-    print(f"# {time.strftime('%Y-%m-%d')}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, torch {torch.__version__}, profile "
-          f"{json.dumps(prof.get('calibration', {}))}")
+    print(header(args.device_map))
+    print(f"# {args.devices} logical devices on {args.device_map}, batch {args.batch_scale}x the "
+          f"test batch, {args.runs} runs per candidate in {PASSES} passes", flush=True)
     print("| model | batch | candidates | ran | search (planned) | cores | chosen | chosen meas. | "
           "best measured | chosen/best | Spearman | MAE | retest |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     results = []
     for name in args.models.split(","):
-        r = bench_model(name, args.devices, args.runs)
+        r = bench_model(name, args.devices, args.runs, args.device_map, args.batch_scale)
         results.append(r)
         print(f"| {name} | {r['batch']} | {r['candidates']} | {r['ran']} | "
               f"{r['search_s'] * 1e3:.0f} ms ({r['search_planned']}) | {r['host_cores']:.2f} | "

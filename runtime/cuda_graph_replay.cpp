@@ -13,6 +13,7 @@
 #include <mutex>
 #include <set>
 
+#include <ATen/core/CachingHostAllocator.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAEvent.h>
@@ -88,6 +89,24 @@ namespace {
 
 c10::cuda::CUDAStream cudaOf(Stream& s) {
   return c10::cuda::CUDAStream(c10::cuda::CUDAStream::UNCHECKED, s.native());
+}
+
+/// Note [Abandoning a capture], the pinned host memory half: since PyTorch
+/// PR 167507 (torch 2.11 or so) CUDAGraph::capture_begin also routes the
+/// caching host allocator's allocations into the graph's pool
+/// (begin_allocate_to_pool, with a filter that holds the CUDAGraph), and
+/// capture_end / reset undo it. An abandoned capture undoes it here, or the
+/// host allocator keeps calling the filter of a destroyed CUDAGraph. A
+/// torch without those methods compiles to nothing (the requires-clause).
+template <typename HostAllocator>
+void endHostPoolRouting(HostAllocator* host, c10::MempoolId_t pool) noexcept {
+  if constexpr (requires { host->end_allocate_to_pool(pool); host->release_pool(pool); }) {
+    try {
+      host->end_allocate_to_pool(pool);  // throws if this capture never routed host memory
+      host->release_pool(pool);
+    } catch (...) {
+    }
+  }
 }
 
 class CudaGraphCapture final : public GraphCapture {
@@ -187,7 +206,26 @@ class CudaGraphCapture final : public GraphCapture {
     // capture_end's order, without its checks: take the stream out of
     // capture mode, end the allocator's routing into the pool, and drop the
     // pool reference the capture took (beginAllocateToPool's).
+    // Before that, join back the tx streams that joined this capture (a send
+    // in the segment, as after() does on success): a fork left unjoined makes
+    // cudaStreamEndCapture fail with cudaErrorStreamCaptureUnjoined, and the
+    // tx streams must leave capture mode with the compute stream, or the
+    // fall-back stream step cannot use them. On an invalidated capture these
+    // calls fail; cudaStreamEndCapture still takes every stream of the
+    // capture out of capture mode. (tests/runtime/capture_failure_test.cpp.)
     const c10::cuda::CUDAStream stream = cudaOf(lanes_[ud].device->compute());
+    for (int peer : tx_used_[ud]) {
+      try {
+        std::unique_ptr<c10::cuda::CUDAEvent>& join = join_[{d, peer}];
+        if (!join) join = std::make_unique<c10::cuda::CUDAEvent>(cudaEventDisableTiming);
+        join->record(cudaOf(lanes_[ud].device->tx(peer)));
+        join->block(stream);
+      } catch (...) {
+        // noexcept; an invalidated capture refuses the join, and ending it is enough.
+      }
+    }
+    tx_used_[ud].clear();
+    (void)cudaGetLastError();
     cudaGraph_t g = nullptr;
     if (cudaStreamEndCapture(stream.stream(), &g) == cudaSuccess && g != nullptr) {
       (void)cudaGraphDestroy(g);
@@ -198,6 +236,10 @@ class CudaGraphCapture final : public GraphCapture {
       c10::cuda::CUDACachingAllocator::releasePool(stream.device_index(), pool_);
     } catch (...) {
       // noexcept: the error that made the executor abandon is the one reported.
+    }
+    try {
+      endHostPoolRouting(at::getHostAllocator(at::kCUDA), pool_);
+    } catch (...) {
     }
     graphs_[static_cast<size_t>(open_[ud])].reset();
     open_[ud] = -1;
