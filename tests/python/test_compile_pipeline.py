@@ -566,3 +566,40 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
         assert all(torch.equal(a, b) for a, b in zip(again[1], first[1]))
     with pytest.raises(modelpar.UnsupportedOpError, match="native_dropout draws random numbers"):
         run(allow_random=False)
+
+
+def test_functional_samplers_are_random_ops_by_their_schema():
+    # ir/random_ops.h (isRandom): F.gumbel_softmax samples with exponential_,
+    # which AOTAutograd functionalises to aten::exponential, an op the
+    # name list missed: allow_random=False let it through, and the default
+    # checkpointing recomputed (redrew) it in the backward. The importer
+    # now marks every op the schema tags nondeterministic_seeded.
+    import torch.nn.functional as F
+
+    class Gumbel(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.b(F.gumbel_softmax(self.a(x), tau=0.5))
+
+    def step(allow_random: bool) -> torch.Tensor:
+        torch._dynamo.reset()
+        modelpar.clear_plans()
+        torch.manual_seed(0)
+        model = Gumbel()
+        fast = torch.compile(lambda x, y: F.mse_loss(model(x), y), backend="modelpar",
+                             options={"devices": 2, "strict": True,
+                                      "pipeline": {"microbatches": 2,
+                                                   "allow_random": allow_random}})
+        g = torch.Generator().manual_seed(1)
+        loss = fast(torch.randn(8, 8, generator=g), torch.randn(8, 4, generator=g))
+        loss.backward()
+        return loss
+
+    with pytest.raises(modelpar.UnsupportedOpError, match="exponential"):
+        step(allow_random=False)
+    assert torch.isfinite(step(allow_random=True))
+    text = str(modelpar.plans()[-1].step_graph)
+    assert "aten::exponential" in text and "random=true" in text

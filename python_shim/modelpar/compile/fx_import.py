@@ -236,13 +236,13 @@ def _dropout_scale(schema: torch._C.FunctionSchema, args: Sequence[Any],
 def _draws_nothing(schema: torch._C.FunctionSchema, args: Sequence[Any],
                    kwargs: Mapping[str, Any]) -> bool:
     """Whether a call of an op tagged nondeterministic_seeded draws no random
-    numbers: its dropout probability (``dropout_p`` / ``p``) is 0, or it does
-    not train (native_dropout's ``train``)."""
+    numbers: its dropout probability (``dropout_p`` / ``p`` / ``dropout``) is
+    0, or it does not train (native_dropout's and lstm's ``train``)."""
     given = {a.name: (args[i] if i < len(args) else kwargs.get(a.name, a.default_value))
              for i, a in enumerate(schema.arguments)}
     if given.get("train") is False:
         return True
-    for name in ("dropout_p", "p"):
+    for name in ("dropout_p", "p", "dropout"):
         if name in given:
             return isinstance(given[name], (int, float)) and given[name] == 0
     return False
@@ -492,7 +492,12 @@ class _Importer:
         args += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
         results = self.results(node, schema, where)
         call = f"{qualified}({', '.join(args)})"
-        attrs = self.attrs(node)
+        # ir/random_ops.h (isRandom): an op the
+        # schema tags nondeterministic_seeded is marked random=true unless
+        # its arguments draw nothing (attention or an LSTM with dropout 0).
+        random = (torch.Tag.nondeterministic_seeded in op.tags
+                  and not _draws_nothing(schema, node.args, node.kwargs))
+        attrs = self.attrs(node, random=random)
         self.lines.append(f"{results} = {call}{attrs}")
 
     def sym_node(self, node: torch.fx.Node, name: str) -> None:
@@ -548,7 +553,8 @@ class _Importer:
         results = ", ".join(f"%{n}: {_type(v, where, self.aliases)}" for n, v in zip(names, outs))
         call = [self.arg(a, where) for a in args]
         call += [f"{k}={self.arg(v, where)}" for k, v in node.kwargs.items()]
-        self.lines.append(f"{results} = {qualified}({', '.join(call)}){self.attrs(node)}")
+        self.lines.append(f"{results} = {qualified}({', '.join(call)})"
+                          f"{self.attrs(node, random=draws)}")
         produced: Any = names if len(schema.returns) != 1 else names[0]
         if saves and draws:  # the dropout's mask is the state its recompute replays
             self.env[node] = [names[1], produced]
@@ -691,7 +697,7 @@ class _Importer:
     def ref(self, r: _Ref) -> str:
         return f"%{r}" if isinstance(r, str) else "[" + ", ".join(self.ref(x) for x in r) + "]"
 
-    def attrs(self, node: torch.fx.Node) -> str:
+    def attrs(self, node: torch.fx.Node, random: bool = False) -> str:
         meta = node.meta
         phase = "fwd"
         layer = _layer_of(meta, "nn_module_stack")
@@ -708,6 +714,8 @@ class _Importer:
             self.layer_of_seq.setdefault(meta["seq_nr"], layer)
         parts = [f"layer={_string(layer)}"] if layer else []
         parts.append(f"phase={phase}")
+        if random:  # the schema's nondeterministic_seeded tag (ir/random_ops.h)
+            parts.append("random=true")
         return " {" + ", ".join(parts) + "}"
 
 
