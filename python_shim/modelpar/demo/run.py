@@ -169,7 +169,7 @@ def run_demo(out_dir: str = "modelpar-demo", steps: int = 12, quick: bool = Fals
     sim = pipe.with_name(pipe.stem + ".simulated.json")
     if pipe.exists() and sim.exists():
         try:
-            plot_timeline(pipe, sim, png, f"modelpar: {PIPELINED.what}, one training step")
+            plot_timeline(pipe, sim, png, f"{PIPELINED.what}: one training step")
         except ImportError as e:
             print(f"modelpar demo: no picture ({e}); pip install matplotlib", file=sys.stderr)
             files_ok = False
