@@ -17,9 +17,10 @@ step are checked against eager's within the fp32 reduction-order tolerance
 (demo/model.py). It prints every plan's summary (``modelpar.plans()``), then
 the checks and the step times side by side (median of the last steps; the
 first steps compile, and under ``strategy="auto"`` time the chosen plan
-against one device), and writes into ``out_dir`` the ``trace`` option's
-Chrome traces (open them in ui.perfetto.dev) and ``pipeline_timeline.png``,
-the pipelined step simulated and measured (demo/timeline.py). A progress
+against one device), and writes into ``out_dir`` the pipelined run's
+Chrome traces (its ``trace`` option: ``pipeline.json``, measured, and
+``pipeline.simulated.json``; open them in ui.perfetto.dev) and
+``pipeline_timeline.png``, that step simulated and measured (demo/timeline.py). A progress
 line per stage goes to stderr.
 
 The CPU workers are threads of this process: on a machine with fewer cores
@@ -68,12 +69,12 @@ MODES = [
     Mode("eager", "eager PyTorch, one CPU device", None),
     Mode("modelpar 1 device", "modelpar, one device", {}),
     Mode("placed (m-ETF)", "modelpar, m-ETF placement on 4 CPU worker devices",
-         {"devices": 4, "placer": "m-etf"}, trace="placed.json"),
+         {"devices": 4, "placer": "m-etf"}),
     Mode("pipelined (1F1B)", "modelpar, 1F1B pipeline of 4 stages, 4 micro-batches, on 4 CPU "
          "worker devices", {"devices": 4, "pipeline": {"schedule": "1f1b", "microbatches": 4}},
          trace="pipeline.json"),
     Mode("auto", 'modelpar, strategy="auto" over 4 CPU worker devices',
-         {"devices": 4, "strategy": "auto"}, trace="auto.json"),
+         {"devices": 4, "strategy": "auto"}),
 ]
 PIPELINED = MODES[3]
 QUICK_MODES = ("eager", PIPELINED.name)
@@ -133,6 +134,7 @@ def run_demo(out_dir: str = "modelpar-demo", steps: int = 12, quick: bool = Fals
     runs: dict[str, TrainingRun] = {}
     checks: dict[str, Check] = {}
     failed: list[str] = []
+    executor_us: dict[str, float] = {}  # modelpar's own step time: its executors' runs
     names = {m.name: m.name for m in modes}  # auto's gets what it chose
     for mode in modes:
         progress(f"{mode.what}: {steps} steps" + ("" if mode.options is None else
@@ -154,6 +156,8 @@ def run_demo(out_dir: str = "modelpar-demo", steps: int = 12, quick: bool = Fals
         made = plans()[first_plan:]
         for p in made:
             print(p)
+        if made and made[-1].measured_median_us is not None:
+            executor_us[mode.name] = made[-1].measured_median_us
         if made and made[-1].search is not None:  # strategy="auto": say what it chose
             s = made[-1].search
             chose = s.candidates[s.chosen]["label"]
@@ -184,11 +188,19 @@ def run_demo(out_dir: str = "modelpar-demo", steps: int = 12, quick: bool = Fals
     print(f"  {_machine()}")
     eager_s = runs["eager"].median_step_s(last)
     width = max(len(n) for n in names.values())
-    print(f"  {'':<{width}} {'step':>10} {'vs eager':>9} {'first step (compiles)':>22}")
+    print(f"  {'':<{width}} {'step':>10} {'vs eager':>9} {'executor':>10} "
+          f"{'first step (compiles)':>22}")
     for name, run in runs.items():
         med = run.median_step_s(last)
-        print(f"  {names[name]:<{width}} {_ms(med):>10} {eager_s / med:>8.2f}x "
+        ex = _ms(executor_us[name] / 1e6) if name in executor_us else "-"
+        print(f"  {names[name]:<{width}} {_ms(med):>10} {eager_s / med:>8.2f}x {ex:>10} "
               f"{run.step_s[0]:>20.1f} s")
+    print("  step: wall time of loss, backward and SGD step as the caller sees it; executor: "
+          "modelpar's executors alone (plans()[-1].measured_median_us).")
+    traced = [names[m.name] for m in modes if m.trace and m.name in runs]
+    if traced:
+        print(f"  {', '.join(traced)} ran with the trace option, which writes the measured and the "
+              "simulated trace after every step: part of its wall time.")
     print("\n  traces (open in ui.perfetto.dev): "
           + ", ".join(str(out / m.trace) for m in modes if m.trace)
           + " (each with a .simulated.json beside it)")
