@@ -199,11 +199,11 @@ def run_demo(out_dir: str = "modelpar-demo", steps: int = 12, quick: bool = Fals
           "modelpar's executors alone (plans()[-1].measured_median_us).")
     traced = [names[m.name] for m in modes if m.trace and m.name in runs]
     if traced:
-        print(f"  {', '.join(traced)} ran with the trace option, which writes the measured and the "
-              "simulated trace after every step: part of its wall time.")
+        print(f"  {', '.join(traced)}: with the trace option, which writes the measured trace "
+              "after every step, part of its wall time.")
     print("\n  traces (open in ui.perfetto.dev): "
           + ", ".join(str(out / m.trace) for m in modes if m.trace)
-          + " (each with a .simulated.json beside it)")
+          + " and the simulated step beside it (.simulated.json)")
     print(f"  picture: {png}" if png.exists() else "  picture: not written")
     for name in failed:
         print(f"  {name}: FAILED (the traceback is above)")
