@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything modelpar needs on a fresh Debian machine of this kind, idempotently:
 # Debian build dependencies, a virtual environment (.venv) with torch==2.13.0 (CPU), the
-# Python test tools (pytest, hypothesis, pytest-xdist) and the docs tools (mkdocs,
-# mkdocs-material, mkdocstrings). A second run only checks and takes a few seconds.
+# Python test tools (pytest, hypothesis, pytest-xdist), the docs tools (mkdocs,
+# mkdocs-material, mkdocstrings) and matplotlib (the demo's picture). A second run
+# only checks and takes a few seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -43,7 +44,7 @@ if [ ! -x "$venv/bin/python" ]; then
   "$py" -m venv "$(readlink -f "$venv" 2>/dev/null || echo "$venv")"
 fi
 # Bump the stamp when the list changes, so that existing venvs get the new packages.
-stamp="$venv/.modelpar-deps-v6"
+stamp="$venv/.modelpar-deps-v7"
 if [ ! -f "$stamp" ]; then
   echo "modelpar setup: installing Python packages into $venv"
   "$venv/bin/pip" install -q --upgrade pip
@@ -53,10 +54,11 @@ if [ ! -f "$stamp" ]; then
   # fine-tuning of the zoo's models (test_model_zoo.py, test_distributed.py);
   # pytest-xdist: parallel pytest (scripts/gpu_check.sh's zoo step); mkdocs,
   # mkdocs-material, mkdocstrings: the manual (scripts/docs.sh), pinned so that
-  # its strict build does not change under us
+  # its strict build does not change under us; matplotlib: the demo's picture
+  # of the pipeline (python -m modelpar demo)
   "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest hypothesis pybind11 scikit-build-core \
     ninja cmake transformers accelerate peft "pytest-xdist==3.8.0" "mkdocs==1.6.1" \
-    "mkdocs-material==9.8.2" "mkdocstrings[python]==1.0.8" "mkdocstrings-python==2.0.11"
+    "mkdocs-material==9.8.2" "mkdocstrings[python]==1.0.8" "mkdocstrings-python==2.0.11" matplotlib
   touch "$stamp"
 fi
 flock -u 9

@@ -1,7 +1,10 @@
 """Command line: ``python -m modelpar <command>``.
 
 Commands:
-  demo   run the hand-written 2-device pipeline example (see ``modelpar.demo``)
+  demo   train a small transformers Llama on one device, placed and pipelined on 4 CPU
+         worker devices and by strategy="auto", each checked against eager; plan
+         summaries, step times, traces and a picture in modelpar-demo/ (see
+         ``modelpar.demo``); --ir: the hand-written IR walk-through instead
   plan   place an IR graph on N devices, simulate the step, print the summary
          (--strategy auto: search placers and pipelines, print every candidate)
   opt    run named passes on an IR file and print the IR they leave (like mlir-opt)
@@ -114,9 +117,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m modelpar", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the 2-device pipelined MLP training step on CPU")
-    demo.add_argument("--out", default="modelpar-demo", help="folder for the .dot files")
+    demo = sub.add_parser(
+        "demo", help="train a small transformer one device, placed, pipelined and auto on CPU",
+        description="Trains a 4-layer Llama (transformers, random init, nothing downloaded) for a "
+                    "few SGD steps eagerly, with modelpar on one device, placed by m-ETF and "
+                    "pipelined by 1F1B on 4 CPU worker devices, and with strategy=\"auto\"; checks "
+                    "each against eager, prints the plans and the step times, and writes Chrome "
+                    "traces and pipeline_timeline.png into --out.")
+    demo.add_argument("--out", default="modelpar-demo",
+                      help="folder for the traces and the picture (the .dot files with --ir)")
     demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--steps", type=int, default=12, help="SGD steps of each run (default 12)")
+    demo.add_argument("--quick", action="store_true",
+                      help="a 2-layer model, eager and the pipeline only")
+    demo.add_argument("--ir", action="store_true",
+                      help="the IR walk-through: a hand-written 2-device Program verified and run")
     plan = sub.add_parser(
         "plan", help="place a graph on N devices and simulate the step",
         description="Runs modelpar's pass pipeline (cost, coarsen, place, lower, simulate) on an "
@@ -163,8 +178,10 @@ def main(argv: list[str] | None = None) -> int:
                      help="do not verify the IR after each pass")
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from .demo import run_demo
-        return run_demo(out_dir=args.out, seed=args.seed)
+        from .demo import run_demo, run_ir_demo
+        if args.ir:
+            return run_ir_demo(out_dir=args.out, seed=args.seed)
+        return run_demo(out_dir=args.out, steps=args.steps, quick=args.quick, seed=args.seed)
     if args.command == "plan":
         return _plan(args)
     if args.command == "opt":

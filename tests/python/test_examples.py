@@ -67,9 +67,9 @@ def test_deadlocking_program_is_rejected_and_not_run() -> None:
         modelpar.run_program(program, _inputs(0))
 
 
-def test_demo_runs_and_reports_success(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from modelpar.demo import run_demo
-    assert run_demo(out_dir=str(tmp_path)) == 0
+def test_ir_demo_runs_and_reports_success(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from modelpar.demo.ir_walkthrough import run_ir_demo
+    assert run_ir_demo(out_dir=str(tmp_path)) == 0
     out = capsys.readouterr().out
     assert "all checks passed" in out
     assert (tmp_path / "mlp_pipeline_program.dot").read_text().startswith("digraph")

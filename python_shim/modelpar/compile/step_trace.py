@@ -56,6 +56,11 @@ class StepTrace:
     completed: set[str] = field(default_factory=set)
     #: piece name -> its simulated plan (has ``trace()`` and ``step_time_us``)
     simulated: dict[str, Any] = field(default_factory=dict)
+    #: piece name -> (its plan, the plan's trace events): a plan's simulated
+    #: step does not change, so it is read once, not after every step
+    _simulated_events: dict[str, tuple[Any, list[dict[str, Any]]]] = field(default_factory=dict)
+    #: the pieces and plans of the simulated file last written
+    _simulated_written: tuple[tuple[str, int], ...] = ()
 
     def add(self, piece: str, kind: str, executor: Any, start_ns: int) -> None:
         """Keeps one run's executor events (read now: the executor's trace
@@ -75,8 +80,14 @@ class StepTrace:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps({"traceEvents": self._measured()}), encoding="utf-8")
         if self.simulated_path is not None and self.simulated:
-            self.simulated_path.write_text(json.dumps({"traceEvents": self._simulated()}),
-                                           encoding="utf-8")
+            # The same pieces and plans as the file holds: nothing to rewrite
+            # (writing it after every step cost a pipeline's 8,000 events
+            # each time, ten times the step of a small model).
+            key = tuple((piece, id(self.simulated[piece])) for piece in self._pieces())
+            if key != self._simulated_written or not self.simulated_path.exists():
+                self.simulated_path.write_text(json.dumps({"traceEvents": self._simulated()}),
+                                               encoding="utf-8")
+                self._simulated_written = key
 
     def _measured(self) -> list[dict[str, Any]]:
         t0 = min(r.start_ns for r in self.runs)
@@ -91,13 +102,20 @@ class StepTrace:
         out: list[dict[str, Any]] = []
         seen: set[str] = set()
         at = 0.0
-        pieces = dict.fromkeys(r.piece for r in self.runs if r.piece in self.simulated)
-        for piece in pieces:  # in the order they first ran in this step
+        for piece in self._pieces():  # in the order they first ran in this step
             plan = self.simulated[piece]
-            end = _append(out, seen, json.loads(plan.trace())["traceEvents"], at,
-                          {"piece": piece})
+            cached = self._simulated_events.get(piece)
+            if cached is None or cached[0] is not plan:
+                cached = (plan, json.loads(plan.trace())["traceEvents"])
+                self._simulated_events[piece] = cached
+            end = _append(out, seen, cached[1], at, {"piece": piece})
             at = max(end, at + plan.step_time_us)
         return out
+
+    def _pieces(self) -> list[str]:
+        """The pieces of this step that have a simulated plan, in the order
+        they first ran."""
+        return list(dict.fromkeys(r.piece for r in self.runs if r.piece in self.simulated))
 
 
 def _append(out: list[dict[str, Any]], seen: set[str], events: list[dict[str, Any]],

@@ -1,6 +1,7 @@
-"""The main demo: a hand-written Program for a two-layer MLP training step,
-pipelined over 2 logical devices with 2 micro-batches (DistIR's Figure 2),
-then an automatic pipeline of a 4-layer step with a skip connection.
+"""``python -m modelpar demo --ir``: the IR walk-through. A hand-written
+Program for a two-layer MLP training step, pipelined over 2 logical devices
+with 2 micro-batches (DistIR's Figure 2), then an automatic pipeline of a
+4-layer step with a skip connection.
 
 It parses and verifies the Program, runs it on CPU, checks the loss and the
 updated weights against the single-device graph and against eager PyTorch
@@ -22,16 +23,16 @@ import torch
 
 import modelpar
 
-EXAMPLES = Path(__file__).resolve().parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def _examples_dir() -> Path:
     """The ``examples/ir`` folder: installed beside the package, or in the source tree."""
-    for candidate in (EXAMPLES, Path(__file__).resolve().parents[2] / "examples" / "ir",
+    for candidate in (EXAMPLES, Path(__file__).resolve().parents[3] / "examples" / "ir",
                       Path(os.getcwd()) / "examples" / "ir"):
         if (candidate / "mlp_pipeline_2dev.txt").exists():
             return candidate
-    raise FileNotFoundError("modelpar demo: cannot find examples/ir/mlp_pipeline_2dev.txt; "
+    raise FileNotFoundError("modelpar demo --ir: cannot find examples/ir/mlp_pipeline_2dev.txt; "
                             "run the demo from the repository root")
 
 
@@ -46,14 +47,14 @@ def _eager_step(x: torch.Tensor, y: torch.Tensor, w1: torch.Tensor, w2: torch.Te
         return loss.detach(), w1 - lr * w1.grad, w2 - lr * w2.grad
 
 
-def run_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
-    """Runs the demo and prints what it checks. Returns 0 on success, 1 on a mismatch."""
+def run_ir_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
+    """Runs the walk-through and prints what it checks. Returns 0 on success, 1 on a mismatch."""
     ex = _examples_dir()
     program = modelpar.ir.load_program(str(ex / "mlp_pipeline_2dev.txt"))
     single = modelpar.ir.load_graph(str(ex / "mlp_step.txt"))
     program.verify()
     g = program.graph
-    print(f"modelpar demo: {ex / 'mlp_pipeline_2dev.txt'}")
+    print(f"modelpar demo --ir: {ex / 'mlp_pipeline_2dev.txt'}")
     print(f"  program: {g.num_nodes} ops over {program.num_devices} devices, "
           f"2 micro-batches; verified (placement, send/recv matching, liveness, no deadlock)")
 
@@ -95,7 +96,7 @@ def run_demo(out_dir: str = "modelpar-demo", seed: int = 0) -> int:
         print(f"  wrote {', '.join(str(d.with_suffix('.png')) for d in dots)} (and the .dot sources)")
     else:
         print(f"  wrote {', '.join(map(str, dots))} (install graphviz to render: dot -Tpng FILE -o out.png)")
-    print("modelpar demo: " + ("all checks passed" if ok else "FAILED"))
+    print("modelpar demo --ir: " + ("all checks passed" if ok else "FAILED"))
     return 0 if ok else 1
 
 
@@ -105,7 +106,7 @@ def _pipeline_demo(ex: Path, out: Path) -> bool:
     plan = modelpar.plan_pipeline(step, devices=4, microbatches=8, batch_size=32,
                                   schedule="1f1b", checkpoint="except_last",
                                   trace=out / "pipeline_simulated.json")
-    print(f"modelpar demo: automatic pipeline of {ex / 'skip_step_symbolic.txt'}")
+    print(f"modelpar demo --ir: automatic pipeline of {ex / 'skip_step_symbolic.txt'}")
     stages = ", ".join(f"{layer}->{stage}" for layer, stage in plan.stage_of_layer.items())
     print(f"  {plan.num_stages} stages (layer->stage: {stages}), 8 micro-batches of 4, 1F1B, "
           f"checkpoint except_last; simulated step {plan.step_time_us:.0f} us, ideal speed-up "
