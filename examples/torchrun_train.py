@@ -6,7 +6,9 @@
     PYTHONPATH=build/python torchrun --nproc-per-node 2 examples/torchrun_train.py --meta
     # several machines: torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT ...
     # surviving a lost rank: checkpoints every 2 steps, resumed from the last after a restart
-    PYTHONPATH=build/python torchrun --nproc-per-node 2 --max-restarts 1 \
+    # (a fresh store per restart: see below)
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 PYTHONPATH=build/python \
+        torchrun --nproc-per-node 2 --max-restarts 1 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29400 \
         examples/torchrun_train.py --steps 6 --resume ckpt --checkpoint-every 2
 
 Every rank builds the same model (same seed), compiles the same step and
@@ -27,7 +29,10 @@ ExecutionError naming it within ``peer_timeout`` and torchrun restarts the
 group) resumes from the last complete one: the batches depend on the step
 only, so the loss curve from there on is the uninterrupted run's.
 ``--kill-at K`` (for the test) makes rank 1 SIGKILL itself at step K of the
-first attempt.
+first attempt. Restarts need a fresh store per attempt: torchrun's static
+rendezvous, and its c10d rendezvous unless TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1,
+keep one store for every attempt, and a restarted rank can read the dead
+attempt's Gloo address and fail to connect or hang (pytorch#135712).
 """
 
 from __future__ import annotations

@@ -282,7 +282,7 @@ def test_plan_reports_placement_simulated_and_measured_step() -> None:
     assert set(plan.placement) >= set(plan.graphs["forward"].placement.placement)
     text = str(plan)
     assert "simulated step (forward and backward placed as one)" in text
-    assert "measured step:" in text and "median" in text and "over 3 steps" in text
+    assert "measured step:" in text and "median" in text and "over the last 3 steps" in text
     assert "[joint]" in text
 
 

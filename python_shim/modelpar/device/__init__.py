@@ -41,8 +41,11 @@ import torch
 from .. import _C
 
 #: Pass as ``CMAKE_PREFIX_PATH`` so that a LibTorch project's
-#: ``find_package(modelpar)`` finds the ``modelpar::modelpar`` target.
-cmake_prefix_path: str = os.path.join(os.path.dirname(os.path.abspath(__file__)), "share", "cmake")
+#: ``find_package(modelpar)`` finds the ``modelpar::modelpar`` target. The
+#: CMake package config lives at the package root (``modelpar/share/cmake``),
+#: one folder above this subpackage.
+cmake_prefix_path: str = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                      "share", "cmake")
 
 DEVICE = "modelpar"
 
