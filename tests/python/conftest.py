@@ -4,7 +4,11 @@ MODELPAR_CPU_PROFILE and MODELPAR_CUDA_PROFILE are "off" unless set (see
 pytest_configure).
 MODELPAR_TEST_THREADS=N runs the whole suite with N intra-op threads
 (``torch.set_num_threads``): the suite must pass with any count, since
-tolerances come from tests/python/tolerances.py, not from one machine."""
+tolerances come from tests/python/tolerances.py, not from one machine.
+
+MODELPAR_TEST_FULL=1 runs the whole matrix, not only the CI sample
+(tests/python/ci_sample.py).
+"""
 
 from __future__ import annotations
 

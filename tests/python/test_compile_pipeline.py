@@ -560,10 +560,9 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
         return losses, [p.grad.clone() for p in model.parameters()]
 
     first = run()
-    for _ in range(2):
-        again = run()
-        assert again[0] == first[0]
-        assert all(torch.equal(a, b) for a, b in zip(again[1], first[1]))
+    again = run()  # (before the fix, any two runs differed: each compile is ~20 s here)
+    assert again[0] == first[0]
+    assert all(torch.equal(a, b) for a, b in zip(again[1], first[1]))
     with pytest.raises(modelpar.UnsupportedOpError, match="native_dropout draws random numbers"):
         run(allow_random=False)
 

@@ -37,6 +37,7 @@ import pytest
 import torch
 
 import modelpar
+from ci_sample import full_only
 from tolerances import Reordered
 
 WORKER = Path(__file__).with_name("dist_worker.py")
@@ -109,7 +110,8 @@ def test_state_dicts_refuse_bad_input() -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,case", [(2, "mlp"), (4, "mlp"), (2, "cnn"), (4, "gpt")])
+@pytest.mark.parametrize("world,case", [(2, "mlp"), (4, "mlp"), (2, "cnn"),
+                                        full_only(4, "gpt")])
 def test_training_over_ranks_equals_eager(world: int, case: str) -> None:
     results = _all_ok(_launch(world, "train", case, "3"))
     # Every rank saw the same losses (the holder broadcasts it) ...
@@ -173,8 +175,9 @@ def test_a_training_step_planned_again_keeps_the_first_plans_homes() -> None:
     assert params(inference.program) == homes
 
 
-@pytest.mark.parametrize("case,schedule", [("gpt", "gpipe"), ("gpt", "none"), ("mlp", "none"),
-                                           ("gpt", "auto"), ("zoo:mixtral", "none")])
+@pytest.mark.parametrize("case,schedule", [full_only("gpt", "gpipe"), ("gpt", "none"),
+                                           full_only("mlp", "none"), ("gpt", "auto"),
+                                           ("zoo:mixtral", "none")])
 def test_the_model_compiled_alone_trains_over_ranks_like_eager(case: str, schedule: str) -> None:
     # The loss computed outside the compiled model: GPipe runs as two programs
     # (the forward's, then the backward's), which bound GPT's tied embedding
@@ -192,7 +195,7 @@ def test_the_model_compiled_alone_trains_over_ranks_like_eager(case: str, schedu
     assert all(r["inference"] == "ok" for r in results), results
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "none"])
+@pytest.mark.parametrize("schedule", [full_only("gpipe"), "1f1b", "none"])
 def test_a_model_with_graph_breaks_trains_over_ranks_like_eager(schedule: str) -> None:
     # Four graphs over the ranks (Note [A graph the pipeline cannot cut]):
     # under a pipeline the blocks are pipelined and the pieces with fewer
@@ -209,7 +212,7 @@ def test_a_model_with_graph_breaks_trains_over_ranks_like_eager(schedule: str) -
 
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "gpipe"), (2, "mlp", "1f1b"),
-                                                 (2, "mlp", "1f1b*"), (4, "gpt", "gpipe"),
+                                                 (2, "mlp", "1f1b*"), full_only(4, "gpt", "gpipe"),
                                                  (4, "gpt", "1f1b")])
 def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, schedule: str) -> None:
     results = _all_ok(_launch(world, "train", case, "3", schedule))
@@ -225,7 +228,7 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
 
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "none"), (2, "mlp", "1f1b"),
-                                                 (4, "gpt", "gpipe")])
+                                                 full_only(4, "gpt", "gpipe")])
 def test_gradient_clipping_over_ranks_uses_the_whole_models_norm(world: int, case: str,
                                                                  schedule: str) -> None:
     # modelpar.clip_grad_norm_ every step (L2, inf, L1 norms), against
@@ -242,7 +245,7 @@ def test_gradient_clipping_over_ranks_uses_the_whole_models_norm(world: int, cas
         assert all(own < total for total, own in r["norms"][::2]), r["norms"]
 
 
-@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+@pytest.mark.parametrize("schedule", [full_only("none"), "1f1b"])
 def test_grad_scaler_skips_a_step_on_every_rank_when_one_rank_overflows(schedule: str) -> None:
     # Step 0's last gradient is set to inf on the rank that holds it (and in
     # eager): modelpar.GradScaler all-reduces the inf check, so every rank
@@ -256,7 +259,7 @@ def test_grad_scaler_skips_a_step_on_every_rank_when_one_rank_overflows(schedule
 
 
 @pytest.mark.parametrize("case,schedule", [("llama", "none"), ("gpt2", "gpipe"),
-                                           ("bert", "1f1b"), ("resnet", "none"),
+                                           full_only("bert", "1f1b"), ("resnet", "none"),
                                            ("mixtral", "1f1b")])
 def test_real_models_train_over_ranks_like_eager(case: str, schedule: str) -> None:
     # Transformers models of tests/python/zoo.py (random init, unmodified)
@@ -276,7 +279,7 @@ def test_real_models_train_over_ranks_like_eager(case: str, schedule: str) -> No
     assert all(want in r["plan"] for r in results), [r["plan"] for r in results]
 
 
-@pytest.mark.parametrize("case,schedule,extra", [("mistral", "none", ""), ("mistral", "1f1b", ""),
+@pytest.mark.parametrize("case,schedule,extra", [full_only("mistral", "none", ""), ("mistral", "1f1b", ""),
                                                  ("llama", "gpipe", "trained")])
 def test_generate_decodes_over_ranks_like_eager(case: str, schedule: str, extra: str) -> None:
     # model.generate with a KV cache over 2 ranks (the worker checks tokens
@@ -295,7 +298,7 @@ def test_generate_decodes_over_ranks_like_eager(case: str, schedule: str, extra:
     assert all(r["graphs"] >= 2 for r in results), results
 
 
-@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+@pytest.mark.parametrize("schedule", [full_only("none"), "1f1b"])
 def test_a_checkpointed_dropout_trains_over_ranks_like_eager(schedule: str) -> None:
     # GPT-2 under its own activation checkpointing with every dropout at p = 1
     # (each rank draws from its own generator, so only masks that do not
@@ -319,7 +322,7 @@ def test_training_loops_over_ranks_like_eager(pattern: str, schedule: str) -> No
     _all_ok(_launch(2, "loop", pattern, schedule))
 
 
-@pytest.mark.parametrize("case,schedule", [("zoo:llama", "none"), ("zoo:gpt2", "1f1b")])
+@pytest.mark.parametrize("case,schedule", [full_only("zoo:llama", "none"), ("zoo:gpt2", "1f1b")])
 def test_lora_fine_tuning_trains_over_ranks_like_eager(case: str, schedule: str) -> None:
     # peft's LoRA adapters with every base weight frozen: the worker checks
     # the loss, that no rank has a gradient for a frozen weight and every
@@ -343,7 +346,7 @@ def test_a_group_per_direction_trains_like_one(world: int, case: str, schedule: 
     assert all(r["reverse_group"] for r in results), results
 
 
-@pytest.mark.parametrize("world,case", [(2, "mlp"), (2, "cnn")])
+@pytest.mark.parametrize("world,case", [(2, "mlp"), full_only(2, "cnn")])
 def test_auto_strategy_over_ranks_plans_on_rank_0s_measurements(world: int, case: str,
                                                                  tmp_path, monkeypatch) -> None:
     # strategy="auto" with the calibrated CPU profile on, each rank with its
@@ -418,7 +421,7 @@ def test_state_dicts_over_ranks_never_return_released_or_stale_entries() -> None
     assert len(shards) == len(set(shards)) and len(shards) == 11, shards
 
 
-@pytest.mark.parametrize("case, schedule", [("mlp", "none"), ("mlp", "1f1b"),
+@pytest.mark.parametrize("case, schedule", [full_only("mlp", "none"), ("mlp", "1f1b"),
                                             ("graph-breaks", "gpipe")])
 def test_trace_over_ranks_writes_one_file_per_rank(case: str, schedule: str, tmp_path,
                                                   monkeypatch) -> None:
@@ -469,7 +472,7 @@ def test_ranks_that_planned_differently_raise_config_error() -> None:
         assert "planned" in r["error"] and "ranks 0" in r["error"] and "ranks 1" in r["error"], r
 
 
-@pytest.mark.parametrize("pipeline,meta", [(None, False), ("1f1b", False), ("1f1b", True)])
+@pytest.mark.parametrize("pipeline,meta", [full_only(None, False), ("1f1b", False), ("1f1b", True)])
 def test_the_torchrun_example_trains_like_eager(pipeline: str | None, meta: bool) -> None:
     """examples/torchrun_train.py under torchrun itself (2 processes); with
     --meta the model is built on the meta device and materialized, whose
@@ -555,7 +558,7 @@ def test_devices_other_than_the_group_size_is_a_config_error() -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "none"), (2, "gpt", "1f1b"),
+@pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "none"), full_only(2, "gpt", "1f1b"),
                                                  (2, "cnn", "none")])
 def test_a_model_built_on_meta_trains_like_eager(world: int, case: str, schedule: str) -> None:
     # Built on the meta device and materialized: each rank initialises, in
@@ -578,7 +581,7 @@ def test_a_model_built_on_meta_trains_like_eager(world: int, case: str, schedule
         assert params == trained, (trained, r["materialized"]["owned"])
 
 
-@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+@pytest.mark.parametrize("schedule", [full_only("none"), "1f1b"])
 def test_materialized_ranks_hold_only_their_own_parameters(schedule: str) -> None:
     # mincore(2) on each 1 MiB weight: the pages of those other ranks own are
     # never resident, neither after materialize nor after 3 training steps;
@@ -594,7 +597,7 @@ def test_materialized_ranks_hold_only_their_own_parameters(schedule: str) -> Non
         assert r["resident_bytes"] < 0.9 * r["total_bytes"], r
 
 
-@pytest.mark.parametrize("schedule", ["none", "1f1b"])
+@pytest.mark.parametrize("schedule", [full_only("none"), "1f1b"])
 def test_ranks_fed_different_batches_raise_config_error_on_every_rank(schedule: str) -> None:
     # Note [Inputs every rank must agree on]: each rank reads only the inputs
     # placed on its device, so ranks each drawing their own batch trained on

@@ -1,9 +1,16 @@
 """`python -m modelpar opt`: the golden pass files of tests/passes/golden/ give
 the same IR through the command line as through the C++ golden test, and bad
-input is one line on stderr with exit status 1."""
+input is one line on stderr with exit status 1.
+
+The command line runs in this process (``modelpar.__main__.main`` with its
+output captured: a new interpreter costs 3-10 s of importing torch, most of
+this file's time when each case started one); one test runs it as
+``python -m modelpar`` in a process of its own."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
@@ -15,7 +22,20 @@ ROOT = Path(__file__).resolve().parents[2]
 GOLDEN = sorted((ROOT / "tests" / "passes" / "golden").glob("*.txt"))
 
 
-def _opt(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+def _opt(*args: str) -> subprocess.CompletedProcess:
+    """`python -m modelpar opt ARGS`, run in this process."""
+    from modelpar.__main__ import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(["opt", *args])
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code if isinstance(e.code, int) else 1
+    return subprocess.CompletedProcess(["opt", *args], code, out.getvalue(), err.getvalue())
+
+
+def _opt_process(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m modelpar opt ARGS` in a new interpreter."""
     return subprocess.run([sys.executable, "-m", "modelpar", "opt", *args], input=stdin,
                           capture_output=True, text=True, env=os.environ.copy(), timeout=120)
 
@@ -54,7 +74,7 @@ def test_list_names_every_pass_with_what_it_reads() -> None:
 
 def test_reads_standard_input_and_dumps_every_pass(tmp_path: Path) -> None:
     _, source, expected = _case(ROOT / "tests/passes/golden/lower_diamond.txt")
-    r = _opt("-", "--pass", "lower", "--dump-dir", str(tmp_path), stdin=source)
+    r = _opt_process("-", "--pass", "lower", "--dump-dir", str(tmp_path), stdin=source)
     assert r.returncode == 0, r.stderr
     assert r.stdout == expected
     assert (tmp_path / "diamond.opt-01-lower.txt").read_text() == expected
