@@ -8,7 +8,9 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <map>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -36,18 +38,21 @@ using modelpar::testing::messageOf;
 // Every forward is built before every backward, and backwards from the last
 // micro-batch to the first, so that `extra` (reader -> read, by name) may
 // add an edge from any forward or from a later micro-batch's backward.
+// `time_us`, when given, sets each node's time instead.
 struct UniformChain {
   ir::Graph g{"uniform_chain"};
   std::vector<int32_t> stage_of_node;
 };
 
-UniformChain uniformChain(int n, int m, const std::map<std::string, std::string>& extra = {}) {
+UniformChain uniformChain(int n, int m, const std::multimap<std::string, std::string>& extra = {},
+                          const std::function<double()>& time_us = nullptr) {
   UniformChain c;
   ir::Graph& g = c.g;
   std::map<std::string, ir::ValueId> value;
   auto add = [&](const std::string& name, std::vector<ir::ValueId> ins, double us, int s, int k,
                  ir::Phase phase) {
-    if (auto e = extra.find(name); e != extra.end()) ins.push_back(value.at(e->second));
+    for (auto [e, end] = extra.equal_range(name); e != end; ++e) ins.push_back(value.at(e->second));
+    if (time_us) us = time_us();
     const ir::NodeId id = testing::addTask(g, name, ins, 4, us);
     g.node(id).microbatch = k;
     g.node(id).phase = phase;
@@ -245,6 +250,43 @@ TEST(InterleavedSchedule, RejectsAnEdgeNoWarmUpCanRunNamingTheBlockedTasks) {
   EXPECT_HAS(msg, "the device orders of interleaved 1F1B contradict the graph's dependencies even "
                   "with every forward first");
   EXPECT_HAS(msg, "B0 of stage 1 waits (%b1_0 reads %b1_1 of B1 of stage 1)");
+}
+
+// Random chains: skip edges forward (f_a -> f_b, a < b) with their
+// gradients back (b_b -> b_a), random times, p = 1..5 devices, v = 1..3,
+// m = 1..9, portals or relayed skips: every one schedules, verifies and
+// simulates with every node run once.
+TEST(InterleavedSchedule, RandomChainsWithSkipsVerifyAndSimulate) {
+  std::mt19937 rng(35);
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  int64_t relay_copies = 0;
+  for (int trial = 0; trial < 60; ++trial) {
+    const int p = pick(1, 5), v = pick(1, 3), m = pick(1, 9), n = p * v;
+    std::multimap<std::string, std::string> skips;
+    for (int k = 0; k < m; ++k) {
+      for (int b = 2; b < n; ++b) {
+        if (pick(0, 3) != 0) continue;
+        const int a = pick(0, b - 2);
+        skips.emplace(fmt::format("f{}_{}", b, k), fmt::format("f{}_{}", a, k));
+        skips.emplace(fmt::format("b{}_{}", a, k), fmt::format("b{}_{}", b, k));
+      }
+    }
+    const UniformChain c = uniformChain(n, m, skips, [&] { return pick(1, 20); });
+    PipelineScheduleOptions o = scheduleOptions(c, Kind{"interleaved", v}, p);
+    o.relay_skips = trial % 3 == 0;
+    SCOPED_TRACE(fmt::format("trial {}: p={} v={} m={} skips={} relay={}", trial, p, v, m,
+                             skips.size() / 2, o.relay_skips));
+    const PipelineProgram pp = lowerPipeline(c.g, o);
+    ASSERT_NO_THROW(ir::verify(pp.program));
+    int64_t runs = 0;
+    for (int d = 0; d < pp.program.numDevices(); ++d) {
+      for (const ir::Instruction& i : pp.program.schedule(d)) runs += i.kind == ir::Instruction::Kind::Run;
+    }
+    EXPECT_EQ(runs, static_cast<int64_t>(pp.graph.numNodes()));
+    EXPECT_GT(simulate(pp.program, testing::machine(p)).step_time_us, 0.0);
+    relay_copies += static_cast<int64_t>(pp.graph.numNodes() - c.g.numNodes());
+  }
+  EXPECT_GT(relay_copies, 0);  // the trials relayed skips
 }
 
 TEST(InterleavedSchedule, RejectsAPlacementThatDoesNotLoopOverTheDevices) {
