@@ -32,9 +32,10 @@ namespace modelpar::passes::schedule_detail {
 //   device 0: F0.0 F0.1 F2.0 F2.1 | F0.2 B2.0 F0.3 B2.1 F2.2 B0.0 F2.3 B0.1 | B2.2 B2.3 B0.2 B0.3
 //   device 1: F1.0 F1.1 | F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 | B1.2 B1.3
 // With uniform chunks of forward t_f/v and backward t_b/v and free
-// transfers, the step is (m + (p-1)/v)(t_f + t_b) for m >= p: the bubble
-// fraction is (p-1)/(v·m + p-1), v times smaller than 1F1B's (p-1)/(m+p-1),
-// for v times the transfers. For m < p no micro-batch waits for a device:
+// transfers, the step is (m + (p-1)/v)(t_f + t_b) for m >= p (simulated:
+// exactly when p | m, and to 1e-4 of the bubble for the other m of the
+// tests): the bubble fraction is (p-1)/(v·m + p-1), v times smaller than
+// 1F1B's (p-1)/(m+p-1), for v times the transfers. For m < p no micro-batch waits for a device:
 // the step is (p·v + m - 1)(t_f + t_b)/v, the bubble 1 - v·m/(p·v + m - 1)
 // (m = 1: (p-1)/p, as 1F1B's).
 //
