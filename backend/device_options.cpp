@@ -58,6 +58,13 @@ void checkPipeline(const PipelineOptions& p) {
   passes::checkOneOf("options", "checkpoint", p.checkpoint, passes::kCheckpointModeNames);
   passes::checkOneOf("options", "batch_norm", p.batch_norm, passes::kBatchNormModeNames);
   passes::checkOneOf("options", "loss_reduction", p.loss_reduction, passes::kLossReductionNames);
+  MP_RT_CHECK(p.virtual_stages >= 0, ConfigError, "modelpar options: pipeline['virtual_stages']=",
+              p.virtual_stages, " is not valid; virtual_stages takes an int >= 0 (0: 2 for "
+              "schedule 'interleaved', 1 otherwise)");
+  MP_RT_CHECK(p.virtual_stages <= 1 || p.schedule == "interleaved", ConfigError,
+              "modelpar options: pipeline['virtual_stages']=", p.virtual_stages, " is not valid; "
+              "virtual_stages takes more than 1 only with schedule 'interleaved' (got '",
+              p.schedule, "')");
   MP_RT_CHECK(p.partition != "madpipe" || p.schedule == "1f1b*", ConfigError,
               "modelpar options: pipeline['partition']='madpipe' is not valid; partition takes "
               "'madpipe' only with schedule '1f1b*' (MadPipe's schedule for the stages it makes)");
@@ -104,7 +111,9 @@ bool samePlanning(const Options& a, const Options& b) {
          a.memory == b.memory && a.pipeline.has_value() == b.pipeline.has_value() &&
          (!a.pipeline ||
           (a.pipeline->microbatches == b.pipeline->microbatches &&
-           a.pipeline->schedule == b.pipeline->schedule && a.pipeline->partition == b.pipeline->partition &&
+           a.pipeline->schedule == b.pipeline->schedule &&
+           a.pipeline->virtual_stages == b.pipeline->virtual_stages &&
+           a.pipeline->partition == b.pipeline->partition &&
            a.pipeline->checkpoint == b.pipeline->checkpoint && a.pipeline->portals == b.pipeline->portals &&
            a.pipeline->batch_norm == b.pipeline->batch_norm &&
            a.pipeline->allow_random == b.pipeline->allow_random &&
@@ -125,8 +134,9 @@ std::string nonDefaultOptions(const Options& o) {
     const PipelineOptions& p = *o.pipeline;
     std::string batched;
     for (const std::string& n : p.batched_inputs) batched += c10::str(batched.empty() ? "" : ", ", "'", n, "'");
-    parts.push_back(c10::str("pipeline={'microbatches': ", p.microbatches, ", 'schedule': '", p.schedule,
-                             "', 'partition': '", p.partition, "', 'checkpoint': '", p.checkpoint,
+    parts.push_back(c10::str("pipeline={'microbatches': ", p.microbatches, ", 'schedule': '", p.schedule, "'",
+                             p.virtual_stages == 0 ? "" : c10::str(", 'virtual_stages': ", p.virtual_stages),
+                             ", 'partition': '", p.partition, "', 'checkpoint': '", p.checkpoint,
                              "', 'batch_norm': '", p.batch_norm, "'",
                              p.batched_inputs.empty() ? "" : c10::str(", 'batched_inputs': [", batched, "]"),
                              "}"));

@@ -72,6 +72,7 @@ void StepRunner::planPipeline(const Options& o, const std::string& spec) {
   po.microbatches = p.microbatches;
   po.batch_size = sym.batch_size;
   po.schedule = p.schedule;
+  po.virtual_stages = p.virtual_stages;
   po.partition = p.partition;
   po.checkpoint = p.checkpoint;
   po.portals = p.portals;

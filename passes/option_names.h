@@ -21,8 +21,10 @@ inline constexpr int kMaxDevices = 64;
 
 /// `placer`: Baechi's three placers.
 inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
-/// `schedule`: torchgpipe's clock-cycle GPipe, PipeDream's 1F1B, MadPipe's 1F1B*.
-inline constexpr std::string_view kPipelineScheduleNames[] = {"gpipe", "1f1b", "1f1b*"};
+/// `schedule`: torchgpipe's clock-cycle GPipe, PipeDream's 1F1B, MadPipe's 1F1B*,
+/// Megatron-LM's interleaved 1F1B (virtual_stages chunks per device).
+inline constexpr std::string_view kPipelineScheduleNames[] = {"gpipe", "1f1b", "1f1b*",
+                                                              "interleaved"};
 /// `partition`: balance compute time, balance memory, balance compute time
 /// with the transfer time of every cut (PipeDream's straight-pipeline DP,
 /// no stage replication), MadPipe's memory-aware DP.

@@ -12,12 +12,35 @@
 #include "ir/check.h"
 #include "ir/verifier.h"
 #include "passes/cost/op_family.h"
+#include "passes/option_names.h"
 #include "passes/pipeline/fuse_accumulation.h"
 #include "passes/pipeline/layer_order.h"
 #include "passes/pipeline/schedule.h"
 
 namespace modelpar::passes {
 namespace {
+
+// PipelinePlanOptions::virtual_stages resolved: 0 is 2 for "interleaved"
+// (Megatron's smallest interleaving), 1 otherwise.
+int virtualStages(const PipelinePlanOptions& o) {
+  if (o.virtual_stages > 0) return o.virtual_stages;
+  return o.schedule == "interleaved" ? 2 : 1;
+}
+
+void checkVirtualStages(const PipelinePlanOptions& o) {
+  MP_CHECK(o.virtual_stages >= 0, ConfigError,
+           "modelpar {}: virtual_stages={} is not valid; it takes an int >= 0 (0: 2 for "
+           "schedule='interleaved', 1 otherwise)", kPlanPipelineId, o.virtual_stages);
+  MP_CHECK(o.virtual_stages <= 1 || o.schedule == "interleaved", ConfigError,
+           "modelpar {}: virtual_stages={} needs schedule='interleaved', the schedule that runs "
+           "several stages per device in turn (got schedule='{}'); give schedule='interleaved' or "
+           "leave virtual_stages unset", kPlanPipelineId, o.virtual_stages, o.schedule);
+  // The partition cuts devices x v stages (checkDevices' range for its devices).
+  MP_CHECK(o.virtual_stages <= kMaxDevices / o.devices, ConfigError,
+           "modelpar {}: virtual_stages={} on devices={} makes {} stages; at most {} stages are "
+           "planned; use virtual_stages={} or fewer", kPlanPipelineId, o.virtual_stages,
+           o.devices, int64_t{o.virtual_stages} * o.devices, kMaxDevices, kMaxDevices / o.devices);
+}
 
 void checkOptions(const PipelinePlanOptions& o) {
   checkDevices(kPlanPipelineId, o.devices);
@@ -37,6 +60,7 @@ void checkOptions(const PipelinePlanOptions& o) {
   MP_CHECK(o.partition != "madpipe" || o.schedule == "1f1b*", ConfigError,
            "modelpar {}: partition='madpipe' plans for its own schedule; give schedule='1f1b*' "
            "with it (got '{}')", kPlanPipelineId, o.schedule);
+  checkVirtualStages(o);
   MP_CHECK(o.weight_copies >= 0, ConfigError,
            "modelpar {}: weight_copies={} is not valid; it takes a number >= 0", kPlanPipelineId,
            o.weight_copies);
@@ -95,8 +119,9 @@ double PipelinePlan::speedup() const {
 }
 
 double PipelinePlan::idealSpeedup() const {
-  double n = numStages(), m = static_cast<double>(microbatch_sizes.size());
-  return n * m / (m + n - 1);
+  const double n = numStages(), m = static_cast<double>(microbatch_sizes.size());
+  const double v = virtual_stages, p = n / v;  // v = 1: n·m / (m + n - 1)
+  return n * m / (v * m + p - 1);
 }
 
 double PipelinePlan::bubbleFraction() const {
@@ -113,11 +138,13 @@ double PipelinePlan::bubbleFraction() const {
 
 std::string PipelinePlan::summary() const {
   std::string out = fmt::format(
-      "modelpar pipeline: {} stages on {} devices, {} micro-batches of {}, schedule {}, "
+      "modelpar pipeline: {} stages on {} devices, {} micro-batches of {}, schedule {}{}, "
       "partition {}, checkpoint {}, {}\n",
       numStages(), program.numDevices(), microbatch_sizes.size(),
-      microbatch_sizes.empty() ? 0 : microbatch_sizes.front(), schedule, partition.method,
-      checkpoint, portals ? "portals" : "skips relayed stage by stage");
+      microbatch_sizes.empty() ? 0 : microbatch_sizes.front(), schedule,
+      virtual_stages > 1 ? fmt::format(" (v={} stages per device, placed looping)", virtual_stages)
+                         : std::string(),
+      partition.method, checkpoint, portals ? "portals" : "skips relayed stage by stage");
   if (numStages() < machine.numDevices()) {
     out += fmt::format(
         "  note: {} devices were asked for and partition {} made {} stages: no cut into more "
@@ -151,9 +178,9 @@ std::string PipelinePlan::summary() const {
                      }());
   out += fmt::format(
       "  simulated step {} (one device {}): speed-up {:.2f}x, ideal {:.2f}x "
-      "(n·m/(m+n-1)), bubble {:.1f} %\n",
+      "({}), bubble {:.1f} %\n",
       formatMicros(stepTimeUs()), formatMicros(single_device_us), speedup(), idealSpeedup(),
-      100.0 * bubbleFraction());
+      virtual_stages > 1 ? "p·v·m/(v·m+p-1)" : "n·m/(m+n-1)", 100.0 * bubbleFraction());
   for (size_t d = 0; d < simulation.devices.size(); ++d) {
     const DeviceReport& r = simulation.devices[d];
     out += fmt::format("  device {}: busy {}, peak memory {} of {}, {} instructions\n", d,
@@ -213,7 +240,46 @@ LayerChain chainOfOneMicrobatch(PassRunner& timer, const ir::Graph& step, const 
              kPlanPipelineId, step.name(), chain.size(), chain.size() == 1 ? "" : "s",
              names, o.devices, o.devices, chain.size());
   }
+  // Interleaved: v stages per device.
+  const int v = plan.virtual_stages;
+  MP_CHECK(chain.size() >= o.devices * v, ConfigError,
+           "modelpar {}: graph @{} has {} layers, so it cannot be cut into devices={} x "
+           "virtual_stages={} = {} stages for schedule 'interleaved'; use virtual_stages={} or "
+           "fewer, fewer devices, or a model with more modules (the layers are the modules that "
+           "make the graph's nodes)",
+           kPlanPipelineId, step.name(), chain.size(), o.devices, v, o.devices * v,
+           chain.size() / o.devices);
   return chain;
+}
+
+// 1b (interleaved 1F1B). The devices x v stages `cut` placed looping, stage s
+//     on device s % devices, and evaluated on those devices (the partition
+//     counted each stage's memory alone, without a limit).
+StagePartition loopStages(const LayerChain& chain, const StagePartition& cut, PartitionOptions po,
+                          int devices, int64_t capacity, int v) {
+  const int stages = devices * v;
+  MP_CHECK(cut.numStages() == stages, ConfigError,
+           "modelpar {}: partition='{}' cut the {} layers into {} stage{}, not the devices={} x "
+           "virtual_stages={} = {} that schedule 'interleaved' places looping (it leaves out "
+           "cuts whose transfers cost more than the compute they spread); use "
+           "partition='balance-time' or 'balance-size', which cut into exactly that many, or "
+           "fewer virtual stages", kPlanPipelineId, cut.method, chain.size(), cut.numStages(),
+           cut.numStages() == 1 ? "" : "s", devices, v, stages);
+  std::vector<int> device(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) device[static_cast<size_t>(s)] = s % devices;
+  po.devices = devices;
+  po.memory_bytes = capacity;
+  StagePartition p = evaluatePartition(chain, cut.stage_begin, device, po, cut.method);
+  if (!p.fits) {
+    const auto worst = static_cast<size_t>(
+        std::max_element(p.memory_bytes.begin(), p.memory_bytes.end()) - p.memory_bytes.begin());
+    MP_THROW(PlanDoesNotFitError,
+             "modelpar {}: the {} plan of {} stages looped over {} devices needs {} on device {} "
+             "of {} under interleaved with virtual_stages={}; use fewer virtual stages, more "
+             "devices, more memory or checkpointing", kPlanPipelineId, cut.method, stages,
+             devices, formatBytes(p.memory_bytes[worst]), worst, formatBytes(capacity), v);
+  }
+  return p;
 }
 
 // 1b. The chain partitioned into stages on the devices; plan.partition and
@@ -229,6 +295,12 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
   for (int d = 0; d < machine.numDevices(); ++d) {
     po.memory_bytes = std::min(po.memory_bytes, machine.device(d).memory_bytes);
   }
+  const int64_t capacity = po.memory_bytes;
+  const int v = plan.virtual_stages;
+  if (v > 1) {  // devices x v stages, their memory counted per device by loopStages
+    po.devices = o.devices * v;
+    po.memory_bytes = std::numeric_limits<int64_t>::max();
+  }
   if (machine.numDevices() > 1) {
     po.bandwidth_bytes_per_s = machine.link(0, 1).bandwidth;
     po.latency_us = machine.link(0, 1).latency_us;
@@ -236,7 +308,10 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
   po.schedule = *parsePipelineSchedule(o.schedule);
   po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
   po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
-  plan.partition = timer.run("partition", [&] { return partitionChain(plan.chain, po); });
+  plan.partition = timer.run("partition", [&] {
+    StagePartition cut = partitionChain(plan.chain, po);
+    return v > 1 ? loopStages(plan.chain, cut, po, o.devices, capacity, v) : cut;
+  });
   timer.last().detail = fmt::format("{} stages, period {}", plan.partition.numStages(),
                                     formatMicros(plan.partition.period_us));
 
@@ -359,6 +434,7 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   PipelinePlan plan;
   plan.machine = machine;
   plan.schedule = o.schedule;
+  plan.virtual_stages = virtualStages(o);
   plan.checkpoint = o.checkpoint;
   plan.portals = o.portals;
   plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);

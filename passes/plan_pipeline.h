@@ -10,7 +10,8 @@
 // graph then runs on the stage of its `layer` (a node without a layer takes
 // the latest stage among the nodes it reads, else stage 0), the checkpoint
 // pass adds recompute copies, and the schedule pass orders each device's
-// tasks (GPipe, 1F1B, or 1F1B* with the partition's in-flight counts) and
+// tasks (GPipe, 1F1B, 1F1B* with the partition's in-flight counts, or
+// interleaved 1F1B over devices x virtual_stages stages placed looping) and
 // lowers them to a Program with explicit sends per micro-batch. Values that
 // cross several stages go straight from producer to reader (portals) unless
 // `portals` is off (relayed stage by stage).
@@ -66,6 +67,10 @@ struct PipelinePlanOptions : PassRunnerOptions {
   /// from the fields above.
   MicrobatchOptions microbatch;
   std::string schedule = "gpipe";         ///< one of kPipelineScheduleNames
+  /// Stages per device, v (>= 0): 0 is the default, 2 for "interleaved" and
+  /// 1 otherwise; more than 1 only with "interleaved", whose chain is cut
+  /// into devices x v stages, stage s on device s % devices.
+  int virtual_stages = 0;
   std::string partition = "balance-time"; ///< one of kPartitionMethodNames
   std::string checkpoint = "except_last"; ///< one of kCheckpointModeNames
   /// Skip values go straight to their readers (true) or are relayed through
@@ -107,6 +112,8 @@ struct PipelinePlan {
   std::vector<int32_t> stage_of_layer;
   std::vector<int64_t> microbatch_sizes;
   std::string schedule, checkpoint;
+  /// Stages per device (PipelinePlanOptions::virtual_stages resolved): v.
+  int virtual_stages = 1;
   bool portals = true;
   DeviceModel machine;
   SimulationReport simulation;
@@ -118,8 +125,9 @@ struct PipelinePlan {
   double stepTimeUs() const { return simulation.step_time_us; }
   /// single_device_us / step time.
   double speedup() const;
-  /// The ideal GPipe/1F1B speed-up of n uniform stages over m micro-batches
-  /// with free transfers: n·m / (m + n − 1).
+  /// The ideal speed-up of n uniform stages over m micro-batches with free
+  /// transfers: GPipe/1F1B n·m / (m + n − 1); interleaved, n = p·v stages on
+  /// p devices, p·v·m / (v·m + p − 1).
   double idealSpeedup() const;
   /// 1 − (compute busy summed over used devices) / (devices × step time).
   double bubbleFraction() const;

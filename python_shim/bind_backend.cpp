@@ -61,6 +61,7 @@ void bindBackend(py::module_& m) {
       py::dict pd;
       pd["microbatches"] = p.microbatches;
       pd["schedule"] = p.schedule;
+      pd["virtual_stages"] = p.virtual_stages;
       pd["partition"] = p.partition;
       pd["checkpoint"] = p.checkpoint;
       pd["portals"] = p.portals;
@@ -95,6 +96,7 @@ void bindBackend(py::module_& m) {
             PipelineOptions po;
             po.microbatches = p["microbatches"].cast<int>();
             po.schedule = p["schedule"].cast<std::string>();
+            if (p.contains("virtual_stages")) po.virtual_stages = p["virtual_stages"].cast<int>();
             po.partition = p["partition"].cast<std::string>();
             po.checkpoint = p["checkpoint"].cast<std::string>();
             po.portals = p["portals"].cast<bool>();

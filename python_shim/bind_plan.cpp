@@ -484,6 +484,9 @@ void bindPipeline(py::module_& m) {
                              "step's inputs at full batch.")
       .def_property_readonly("num_stages", &passes::PipelinePlan::numStages)
       .def_property_readonly("schedule", [](const passes::PipelinePlan& p) { return p.schedule; })
+      .def_property_readonly(
+          "virtual_stages", [](const passes::PipelinePlan& p) { return p.virtual_stages; },
+          "Stages per device: v of interleaved 1F1B (stage s on device s % devices), else 1.")
       .def_property_readonly("partition_method",
                              [](const passes::PipelinePlan& p) { return p.partition.method; })
       .def_property_readonly("microbatch_sizes",
@@ -582,7 +585,8 @@ void bindPipeline(py::module_& m) {
         auto kind = passes::parsePipelineSchedule(schedule);
         if (!kind) {
           throw ConfigError("modelpar partition: schedule='" + schedule +
-                            "' is not valid; schedule takes one of 'gpipe', '1f1b', '1f1b*'");
+                            "' is not valid; schedule takes one of " +
+                            passes::quotedList(passes::kPipelineScheduleNames));
         }
         o.schedule = *kind;
         passes::StagePartition p;
@@ -610,12 +614,14 @@ void bindPipeline(py::module_& m) {
       [](const ir::Graph& g, int devices, int microbatches, int64_t batch_size,
          std::string schedule, std::string partition, std::string checkpoint, bool portals,
          std::vector<int64_t> memory, std::optional<std::string> machine,
-         std::string loss_reduction, bool allow_random, const std::string& batch_norm) {
+         std::string loss_reduction, bool allow_random, const std::string& batch_norm,
+         int virtual_stages) {
         passes::PipelinePlanOptions o;
         o.devices = devices;
         o.microbatches = microbatches;
         o.batch_size = batch_size;
         o.schedule = std::move(schedule);
+        o.virtual_stages = virtual_stages;
         o.partition = std::move(partition);
         o.checkpoint = std::move(checkpoint);
         o.portals = portals;
@@ -631,7 +637,8 @@ void bindPipeline(py::module_& m) {
       py::arg("graph"), py::arg("devices"), py::arg("microbatches"), py::arg("batch_size"),
       py::arg("schedule"), py::arg("partition"), py::arg("checkpoint"), py::arg("portals"),
       py::arg("memory"), py::arg("machine"), py::arg("loss_reduction"), py::arg("allow_random"),
-      py::arg("batch_norm") = "refuse", "passes::planPipeline; see modelpar.plan_pipeline.");
+      py::arg("batch_norm") = "refuse", py::arg("virtual_stages") = 0,
+      "passes::planPipeline; see modelpar.plan_pipeline.");
   m.def(
       "split_phases",
       [](const passes::PipelinePlan& p) {

@@ -8,47 +8,39 @@
 #include "ir/check.h"
 #include "passes/cost/op_family.h"
 #include "passes/pipeline/relay_skips.h"
+#include "passes/pipeline/schedule_impl.h"
 
-namespace modelpar::passes {
+namespace modelpar::passes::schedule_detail {
 namespace {
 
-enum class Role : uint8_t { InTask, Shared, Final };
-constexpr int kF = 0, kB = 1;
-
-std::string_view kindName(int k) { return k == kF ? "F" : "B"; }
-
-// The problem after the precondition checks.
-struct Pipeline {
-  int n = 0, m = 0, num_devices = 0;
-  bool reverse_backward = false;    // GPipe: B(m-1) .. B0 (torchgpipe's fork/join order)
-  std::vector<int32_t> device_of_stage;
-  std::vector<int> warmup;          // per stage, clamped to [1, m]
-  std::vector<Role> role;           // per node
-  std::vector<int32_t> stage;       // per node (shared: filled in step 5)
-  std::vector<int32_t> task;        // per node, InTask only: (stage * m + mb) * 2 + F|B
-  const PatternTimes* pattern = nullptr;  // 1f1b* with MadPipe's pattern
-  int32_t taskId(int s, int k, int fb) const { return (s * m + k) * 2 + fb; }
-  // Note [Lowering the periodic pattern]: the start of a task in the
-  // pattern's time, (k + shift) * T + start.
-  double patternStart(int32_t t) const {
-    const auto s = static_cast<size_t>(t / 2 / m);
-    const int k = (t / 2) % m;
-    const bool f = t % 2 == 0;
-    return (k + (f ? pattern->fwd_shift[s] : pattern->bwd_shift[s])) * pattern->period_us +
-           (f ? pattern->fwd_start_us[s] : pattern->bwd_start_us[s]);
-  }
-  std::string taskName(int32_t t) const {
-    return fmt::format("{}{} of stage {}", kindName(t % 2), (t / 2) % m, t / 2 / m);
-  }
-};
-
 std::string mbText(const ir::Node& n) { return n.microbatch ? fmt::format("mb={}", *n.microbatch) : "no mb"; }
+
+// 1a. Interleaved 1F1B's placement: n = p·v stages looping over the p
+// devices, stage s on device s % p (Note [Interleaved 1F1B]).
+void checkLoopingPlacement(Pipeline& P) {
+  const auto id = kSchedulePassId;
+  const int p = P.num_devices;
+  for (int s = 0; s < P.n; ++s) {
+    const int d = P.device_of_stage[static_cast<size_t>(s)];
+    MP_CHECK(d == s % p, ConfigError,
+             "modelpar {}: schedule 'interleaved' places stage s on device s % p (looping over "
+             "the {} devices), but stage {} is on device {}; give device_of_stage[{}] = {}",
+             id, p, s, d, s, s % p);
+  }
+  MP_CHECK(P.n % p == 0, ConfigError,
+           "modelpar {}: schedule 'interleaved' needs v stages on each of the {} devices (n = p * "
+           "v), but device_of_stage has {} entries; give a multiple of {}", id, p, P.n, p);
+  P.interleaved = true;
+  P.virtual_stages = P.n / p;
+}
 
 // 1. Options, roles, stages, and the edge rules.
 Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   const auto id = kSchedulePassId;
-  MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*", ConfigError,
-           "modelpar {}: unknown schedule '{}'; use \"gpipe\", \"1f1b\" or \"1f1b*\"", id, o.kind);
+  MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*" || o.kind == "interleaved",
+           ConfigError,
+           "modelpar {}: unknown schedule '{}'; use \"gpipe\", \"1f1b\", \"1f1b*\" or "
+           "\"interleaved\"", id, o.kind);
   MP_CHECK(!o.relay_skips, ConfigError,
            "modelpar {}: relay_skips rewrites the graph; call lowerPipeline (or relaySkips first)", id);
   const size_t nn = g.numNodes();
@@ -103,6 +95,7 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
     P.num_devices = std::max(P.num_devices, d + 1);
   }
   P.m = std::max(P.m, 1);
+  if (o.kind == "interleaved") checkLoopingPlacement(P);
   P.warmup.assign(static_cast<size_t>(P.n), P.m);
   P.reverse_backward = o.kind == "gpipe";
   if (o.kind == "1f1b") {
@@ -217,77 +210,21 @@ std::vector<int32_t> stageSequence(const Pipeline& P, int s) {
   return seq;
 }
 
-// 3. Note [Global clock]: a tick per task; throws naming a blocked task when
-// the stage orders contradict the data dependencies.
-std::vector<int32_t> clockTicks(const ir::Graph& g, const Pipeline& P,
-                                const std::vector<std::vector<int32_t>>& seq) {
-  const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
-  std::vector<int32_t> pending(nt, 0);
-  std::vector<std::vector<int32_t>> succ(nt);
-  std::vector<std::pair<ir::NodeId, ir::NodeId>> some_edge(nt, {ir::kNoId, ir::kNoId});
-  for (size_t i = 0; i < g.numNodes(); ++i) {
-    int32_t tv = P.task[i];
-    if (tv < 0) continue;
-    for (ir::ValueId v : g.nodes()[i].inputs()) {
-      ir::NodeId u = g.value(v).producer;
-      if (u == ir::kNoId || P.task[static_cast<size_t>(u)] < 0) continue;
-      int32_t tu = P.task[static_cast<size_t>(u)];
-      if (tu == tv) continue;
-      succ[static_cast<size_t>(tu)].push_back(tv);
-      ++pending[static_cast<size_t>(tv)];
-      some_edge[static_cast<size_t>(tv)] = {u, static_cast<ir::NodeId>(i)};
-    }
-  }
-  std::vector<int32_t> tick(nt, -1);
-  std::vector<size_t> pos(static_cast<size_t>(P.n), 0);
-  size_t left = 0;
-  for (const auto& s : seq) left += s.size();
-  std::vector<int32_t> fired;
-  for (int32_t t = 0; left > 0; ++t) {
-    fired.clear();
-    for (int s = 0; s < P.n; ++s) {
-      const auto& q = seq[static_cast<size_t>(s)];
-      size_t& p = pos[static_cast<size_t>(s)];
-      if (p < q.size() && pending[static_cast<size_t>(q[p])] == 0) fired.push_back(q[p++]);
-    }
-    if (fired.empty()) {
-      std::string blocked;
-      for (int s = 0; s < P.n; ++s) {
-        const auto& q = seq[static_cast<size_t>(s)];
-        size_t p = pos[static_cast<size_t>(s)];
-        if (p == q.size()) continue;
-        auto [u, v] = some_edge[static_cast<size_t>(q[p])];
-        blocked += fmt::format("; {} waits ({} reads {} of {})", P.taskName(q[p]), g.nodeRef(v),
-                               g.nodeRef(u), P.taskName(P.task[static_cast<size_t>(u)]));
-      }
-      MP_THROW(ConfigError,
-               "modelpar {}: the stage orders contradict the graph's dependencies{}; micro-batches "
-               "must be independent and stages ordered along the edges",
-               kSchedulePassId, blocked);
-    }
-    for (int32_t task : fired) {
-      tick[static_cast<size_t>(task)] = t;
-      for (int32_t v : succ[static_cast<size_t>(task)]) --pending[static_cast<size_t>(v)];
-    }
-    left -= fired.size();
-  }
-  return tick;
-}
-
-// Each task's nodes, in the order step 2 gives them, and each stage's tasks.
+// Each task's nodes, in the order step 2 gives them.
 struct TaskNodes {
   std::vector<std::vector<ir::NodeId>> head, rest;  // per task
-  std::vector<std::vector<int32_t>> seq;            // per stage: its non-empty tasks in order
+  std::vector<char> used;                           // per task: has nodes
 };
 
 // 2. Tasks' nodes: recompute nodes that read no backward node of their own
-// task first, then the rest, each in graph order. Empty tasks are dropped.
+// task first, then the rest, each in graph order.
 TaskNodes taskNodes(const ir::Graph& g, const Pipeline& P) {
   const size_t nn = g.numNodes();
-  const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
+  const size_t nt = P.numTasks();
   TaskNodes tn;
   tn.head.assign(nt, {});
   tn.rest.assign(nt, {});
+  tn.used.assign(nt, 0);
   std::vector<char> in_head(nn, 0);
   for (size_t i = 0; i < nn; ++i) {
     int32_t t = P.task[i];
@@ -300,24 +237,47 @@ TaskNodes taskNodes(const ir::Graph& g, const Pipeline& P) {
     }
     in_head[i] = h;
     (h ? tn.head : tn.rest)[static_cast<size_t>(t)].push_back(static_cast<ir::NodeId>(i));
-  }
-  tn.seq.assign(static_cast<size_t>(P.n), {});
-  for (int s = 0; s < P.n; ++s) {
-    for (int32_t t : stageSequence(P, s)) {
-      if (!tn.head[static_cast<size_t>(t)].empty() || !tn.rest[static_cast<size_t>(t)].empty()) {
-        tn.seq[static_cast<size_t>(s)].push_back(t);
-      }
-    }
+    tn.used[static_cast<size_t>(t)] = 1;
   }
   return tn;
 }
 
-// 3. Global clock, then every task sorted by (tick, stage), or by its
-// start in the periodic pattern (Note [Lowering the periodic pattern]).
+// 3. Note [Global clock] with a lane per stage: each stage's tasks (empty
+// ones dropped) and their ticks; throws naming a blocked task when the stage
+// orders contradict the data dependencies.
+std::vector<int32_t> stageClock(const ir::Graph& g, const Pipeline& P, const TaskNodes& tn,
+                                std::vector<std::vector<int32_t>>& lanes) {
+  lanes.assign(static_cast<size_t>(P.n), {});
+  for (int s = 0; s < P.n; ++s) {
+    for (int32_t t : stageSequence(P, s)) {
+      if (tn.used[static_cast<size_t>(t)]) lanes[static_cast<size_t>(s)].push_back(t);
+    }
+  }
+  ClockRun run = runClock(g, P, taskEdges(g, P), lanes);
+  MP_CHECK(run.ok(), ConfigError,
+           "modelpar {}: the stage orders contradict the graph's dependencies{}; micro-batches "
+           "must be independent and stages ordered along the edges",
+           kSchedulePassId, run.blocked);
+  return std::move(run.tick);
+}
+
+// 3. Global clock (a lane per stage, or per device for interleaved 1F1B,
+// Note [Interleaved 1F1B]), then every task sorted by (tick, stage), or by
+// its start in the periodic pattern (Note [Lowering the periodic pattern]).
+// A device runs at most one task per tick in its own lane, so sorting by tick
+// keeps each device's order.
 std::vector<int32_t> orderTasks(const ir::Graph& g, const Pipeline& P, const TaskNodes& tn) {
-  std::vector<int32_t> tick = clockTicks(g, P, tn.seq);
+  std::vector<std::vector<int32_t>> lanes;
+  std::vector<int32_t> tick;
+  if (P.interleaved) {
+    DeviceOrders o = interleavedOrders(g, P, taskEdges(g, P), tn.used);
+    lanes = std::move(o.lanes);
+    tick = std::move(o.tick);
+  } else {
+    tick = stageClock(g, P, tn, lanes);
+  }
   std::vector<int32_t> tasks;
-  for (const auto& q : tn.seq) tasks.insert(tasks.end(), q.begin(), q.end());
+  for (const auto& q : lanes) tasks.insert(tasks.end(), q.begin(), q.end());
   std::sort(tasks.begin(), tasks.end(), [&](int32_t a, int32_t b) {
     if (P.pattern != nullptr) {  // Note [Lowering the periodic pattern]
       double sa = P.patternStart(a), sb = P.patternStart(b);
@@ -332,8 +292,7 @@ std::vector<int32_t> orderTasks(const ir::Graph& g, const Pipeline& P, const Tas
 // 3b. With a pattern, its times must increase along every task edge.
 void checkPatternOrder(const ir::Graph& g, const Pipeline& P, const std::vector<int32_t>& tasks) {
   if (P.pattern == nullptr) return;
-  const size_t nt = static_cast<size_t>(P.n) * static_cast<size_t>(P.m) * 2;
-  std::vector<int32_t> pos(nt, -1);
+  std::vector<int32_t> pos(P.numTasks(), -1);
   for (size_t k = 0; k < tasks.size(); ++k) pos[static_cast<size_t>(tasks[k])] = static_cast<int32_t>(k);
   for (size_t i = 0; i < g.numNodes(); ++i) {
     if (P.task[i] < 0) continue;
@@ -472,18 +431,22 @@ Placement projectOntoDevices(const ir::Graph& g, const Pipeline& P, const std::v
 }
 
 }  // namespace
+}  // namespace modelpar::passes::schedule_detail
+
+namespace modelpar::passes {
 
 Placement schedulePipeline(const ir::Graph& g, const PipelineScheduleOptions& options) {
-  Pipeline P = check(g, options);
-  const TaskNodes tn = taskNodes(g, P);
-  const std::vector<int32_t> tasks = orderTasks(g, P, tn);
-  checkPatternOrder(g, P, tasks);
-  const std::vector<ir::NodeId> anchored = anchoredOrder(g, P, tn, tasks);
+  namespace sd = schedule_detail;
+  sd::Pipeline P = sd::check(g, options);
+  const sd::TaskNodes tn = sd::taskNodes(g, P);
+  const std::vector<int32_t> tasks = sd::orderTasks(g, P, tn);
+  sd::checkPatternOrder(g, P, tasks);
+  const std::vector<ir::NodeId> anchored = sd::anchoredOrder(g, P, tn, tasks);
   const std::vector<std::vector<ir::NodeId>> users = g.users();
-  std::vector<int32_t> anchor = anchorSharedNodes(g, P, anchored, users);
-  anchorInputWritesLast(g, P, anchored.size(), users, anchor);
-  const std::vector<ir::NodeId> order = globalOrder(g, P, anchored, anchor);
-  return projectOntoDevices(g, P, order);
+  std::vector<int32_t> anchor = sd::anchorSharedNodes(g, P, anchored, users);
+  sd::anchorInputWritesLast(g, P, anchored.size(), users, anchor);
+  const std::vector<ir::NodeId> order = sd::globalOrder(g, P, anchored, anchor);
+  return sd::projectOntoDevices(g, P, order);
 }
 
 PipelineProgram lowerPipeline(const ir::Graph& g, const PipelineScheduleOptions& options,

@@ -2,7 +2,8 @@
 // into pipeline stages -> a Placement (device and order per node) that
 // `lower` turns into a Program with explicit sends and receives per
 // micro-batch, for GPipe (seed 002 §3.2, Algorithm 1), 1F1B (algorithms.md
-// §5.2) and MadPipe's 1F1B* (seed 004 §4.1). The pipeline is an explicit
+// §5.2), MadPipe's 1F1B* (seed 004 §4.1) and Megatron-LM's interleaved 1F1B
+// (Narayanan et al. 2021, §2.2.2). The pipeline is an explicit
 // per-device program (seed 003), so the simulator and executors need nothing
 // new.
 //
@@ -32,12 +33,31 @@
 // e.g. n=3, m=4, 1f1b:  stage 0: F0 F1 F2 B0 F3 B1 B2 B3
 //                       stage 1: F0 F1 B0 F2 B1 F3 B2 B3
 //                       stage 2: F0 B0 F1 B1 F2 B2 F3 B3
+// Per-device task order of interleaved 1F1B: p devices (1 + the largest of
+// device_of_stage), n = p·v stages, stage s on device s % p (device d holds
+// chunks c = 0..v-1, stage c·p + d); micro-batches in max(1, floor(m/p))
+// rounds of consecutive ones, r in the first (Note [Interleaved 1F1B] in
+// schedule_interleaved.cpp):
+//   forwards  per round: chunk 0..v-1, per chunk the round's micro-batches
+//   backwards per round: chunk v-1..0, per chunk the round's micro-batches
+//   order     w = min((v-1)·r + 2(p-1-d), m·v) forwards, then one forward and
+//             one backward alternating, then the remaining backwards; w is
+//             raised on every device, one at a time, while the order cannot
+//             run
+// e.g. p=2, v=2, m=4 ("F2.1": stage 2, micro-batch 1):
+//   device 0: F0.0 F0.1 F2.0 F2.1 F0.2 B2.0 F0.3 B2.1 F2.2 B0.0 F2.3 B0.1 B2.2 B2.3 B0.2 B0.3
+//   device 1: F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3
+// Bubble with uniform stages and free transfers: (p-1)/(v·m + p-1) for m >= p
+// (1F1B's is (p-1)/(m + p-1)).
 //
 // Note [Global clock]
 // ~~~~~~~~~~~~~~~~~~~
 // Every task gets a clock tick: tick by tick, each stage starts its next task
 // if every task it reads from started at an earlier tick (data dependencies
-// between tasks come from the graph's edges). For GPipe's forwards this is
+// between tasks come from the graph's edges); under interleaved 1F1B each
+// device does, in its own order (a lane per device instead of per stage),
+// and a task that waits forever is answered by a longer warm-up (Note
+// [Interleaved 1F1B]). For GPipe's forwards this is
 // torchgpipe's deterministic clock cycle: F(stage j, micro-batch i) at tick
 // i + j. Each device runs its stages' tasks sorted by (tick, stage), so a
 // device hosting several stages (MadPipe's special processor) interleaves
@@ -50,7 +70,8 @@
 // edge never goes to an earlier stage and a backward edge never to a later
 // one; no forward node reads a backward node; no micro-batch node reads a
 // final node; 1f1b*: in_flight has one entry >= 1 per stage, not increasing
-// along forward edges (after clamping to m); the task order is not circular
+// along forward edges (after clamping to m); interleaved: device_of_stage[s]
+// == s % p for each of the n = p·v stages; the task order is not circular
 // (e.g. chained cross-micro-batch dependencies under GPipe's reversed
 // backward order). Guarantees: checkPlacement holds; the lowered Program
 // verifies. Does not: estimate times (start_us is empty; simulate the lowered
@@ -90,11 +111,13 @@ struct PatternTimes {
 };
 
 struct PipelineScheduleOptions {
-  /// "gpipe" | "1f1b" | "1f1b*".
+  /// "gpipe" | "1f1b" | "1f1b*" | "interleaved" (v = n / p stages per
+  /// device, placed looping: see device_of_stage).
   std::string kind = "gpipe";
   /// Per NodeId, the stage that runs it (-1 allowed for shared nodes).
   std::vector<int32_t> stage_of_node;
   /// Per stage, its logical device; empty: stage i on device i.
+  /// "interleaved": stage s on device s % p, p = 1 + the largest device.
   std::vector<int32_t> device_of_stage;
   /// 1f1b* only: per stage, the micro-batches it keeps in flight.
   std::vector<int> in_flight;

@@ -42,6 +42,14 @@ StrategyCandidate candidate(std::string kind) {
   return c;
 }
 
+// The schedules to search: those named, else all but "interleaved" (Note
+// [Interleaved 1F1B in the search]).
+std::vector<std::string> searchedSchedules(const StrategySearchOptions& o) {
+  std::vector<std::string> s = orAll(o.schedules, kPipelineScheduleNames, "schedule");
+  if (o.schedules.empty()) std::erase(s, std::string("interleaved"));
+  return s;
+}
+
 // 1. The candidates in enumeration order (strategy_search.h).
 std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t batch,
                                          bool batched) {
@@ -66,7 +74,7 @@ std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t
   }
   const auto partitions = orAll(o.partitions, kPartitionMethodNames, "partition");
   const auto checkpoints = orAll(o.checkpoints, kCheckpointModeNames, "checkpoint");
-  for (const std::string& s : orAll(o.schedules, kPipelineScheduleNames, "schedule")) {
+  for (const std::string& s : searchedSchedules(o)) {
     for (int m : ms) {
       for (const std::string& part : partitions) {
         if (part == "madpipe" && s != "1f1b*") continue;  // MadPipe's stages need its schedule

@@ -65,6 +65,10 @@ std::vector<BadOptions> badOptions() {
       "'madpipe' only with schedule '1f1b*'");
   add("no micro-batches", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->microbatches = 0; },
       "pipeline['microbatches']=0 is not valid");
+  add("virtual stages without interleaved", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->virtual_stages = 2; },
+      "pipeline['virtual_stages']=2 is not valid; virtual_stages takes more than 1 only with schedule 'interleaved' (got 'gpipe')");
+  add("negative virtual stages", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->schedule = "interleaved"; o.pipeline->virtual_stages = -1; },
+      "pipeline['virtual_stages']=-1 is not valid; virtual_stages takes an int >= 0");
   return cases;
 }
 
@@ -226,12 +230,14 @@ float sgdStep(at::Tensor& w1, at::Tensor& w2, const at::Tensor& x, const at::Ten
 
 TEST(BackendPlannedReplay, PipelinedStepEqualsEagerForEverySchedule) {
   DefaultOptionsAfter restore;
-  for (const char* schedule : {"gpipe", "1f1b", "1f1b*"}) {
+  // Two layers: interleaved with one stage per device (v = 2 needs 4).
+  for (const char* schedule : {"gpipe", "1f1b", "1f1b*", "interleaved"}) {
     modelpar::Options o;
     o.devices = 2;
     o.pipeline = modelpar::PipelineOptions{};
     o.pipeline->microbatches = 3;
     o.pipeline->schedule = schedule;
+    if (std::string(schedule) == "interleaved") o.pipeline->virtual_stages = 1;
     modelpar::configure(o);
     modelpar::resetCounters();
     at::manual_seed(0);

@@ -222,6 +222,80 @@ TEST(PlanPipeline, StaticBatchAndTooLittleMemoryAreClearErrors) {
              "of 4.0 KiB under 1f1b");
 }
 
+// Interleaved 1F1B: the 5-layer chain cut into devices x v = 2 x 2 stages,
+// stage s on device s % 2, every node on its stage's device, in every
+// checkpoint mode, with and without portals.
+TEST(PlanPipeline, InterleavedCutsDevicesTimesVirtualStagesPlacedLooping) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  for (const char* ck : {"never", "except_last", "always"}) {
+    for (bool portals : {true, false}) {
+      SCOPED_TRACE(std::string(ck) + (portals ? " portals" : " relay"));
+      PipelinePlan p = planPipeline(step, options("interleaved", ck, portals, 2, 4));
+      EXPECT_NO_THROW(ir::verify(p.program));
+      EXPECT_EQ(p.virtual_stages, 2);  // the default for "interleaved"
+      EXPECT_EQ(p.numStages(), 4);
+      EXPECT_EQ(p.partition.stage_device, (std::vector<int>{0, 1, 0, 1}));
+      EXPECT_EQ(p.program.numDevices(), 2);
+      const ir::Graph& g = p.program.graph();
+      for (size_t n = 0; n < g.nodes().size(); ++n) {
+        if (p.stage_of_node[n] < 0) continue;
+        EXPECT_EQ(g.nodes()[n].device, p.stage_of_node[n] % 2) << g.nodeRef(static_cast<ir::NodeId>(n));
+      }
+      EXPECT_GT(p.stepTimeUs(), 0);
+      EXPECT_GT(p.bubbleFraction(), 0.0);
+      EXPECT_LT(p.bubbleFraction(), 1.0);
+      EXPECT_NEAR(p.idealSpeedup(), 2.0 * 2 * 4 / (2 * 4 + 2 - 1), 1e-12);  // p·v·m/(v·m+p-1)
+      EXPECT_NE(p.summary().find("schedule interleaved (v=2 stages per device, placed looping)"),
+                std::string::npos) << p.summary();
+    }
+  }
+  // v given: 1 is allowed (one stage per device, Megatron's warm-up).
+  PipelinePlanOptions o = options("interleaved", "never", true, 2, 4);
+  o.virtual_stages = 1;
+  PipelinePlan one = planPipeline(step, o);
+  EXPECT_EQ(one.numStages(), 2);
+  EXPECT_EQ(one.virtual_stages, 1);
+  EXPECT_EQ(one.summary().find("stages per device"), std::string::npos);
+}
+
+TEST(PlanPipeline, VirtualStagesErrorsNameTheOptionAndTheWayOut) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  auto o = options("gpipe", "never", true, 2, 4);
+  o.virtual_stages = 2;
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "virtual_stages=2 needs schedule='interleaved', the schedule that runs several "
+             "stages per device in turn (got schedule='gpipe')");
+  o = options("interleaved", "never", true, 2, 4);
+  o.virtual_stages = -1;
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "virtual_stages=-1 is not valid; it takes an int >= 0");
+  o.virtual_stages = 40;
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "virtual_stages=40 on devices=2 makes 80 stages; at most 64 stages are planned; use "
+             "virtual_stages=32 or fewer");
+  // 5 layers (l1 l2 l3 l4 loss) cannot make 4 x 2 stages.
+  o = options("interleaved", "never", true, 4, 4);
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "graph @skip_step has 5 layers, so it cannot be cut into devices=4 x "
+             "virtual_stages=2 = 8 stages for schedule 'interleaved'; use virtual_stages=1 or "
+             "fewer");
+  // PipeDream's DP keeps no cut whose transfer costs more than the compute it
+  // spreads: over 1-second links, one stage.
+  o = options("interleaved", "never", true, 2, 4);
+  o.partition = "balance-time-comm";
+  o.machine = DeviceModel::uniform(2, DeviceSpec{}, LinkSpec{1e6, 1e9});
+  EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
+             "partition='balance-time-comm' cut the 5 layers into 1 stage, not the devices=2 x "
+             "virtual_stages=2 = 4 that schedule 'interleaved' places looping");
+  // The looped stages' memory is counted per device.
+  o = options("interleaved", "never", true, 2, 4);
+  o.memory_bytes = {4096};
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
+             "stages looped over 2 devices needs");
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
+             "of 4.0 KiB under interleaved with virtual_stages=2; use fewer virtual stages");
+}
+
 // planPipeline runs its passes through the same runner as planPlacement:
 // progress for every pass, the IR verified after each (a broken invariant
 // names the pass), and a dump per pass.

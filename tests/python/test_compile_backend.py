@@ -411,9 +411,10 @@ def test_options_from_the_environment_are_defaults_torch_compile_overrides(monke
 def test_pipeline_option_gets_its_defaults() -> None:
     o = modelpar.planning.options.resolve_options({"devices": 2, "pipeline": {"microbatches": 8}})
     assert o.planned
-    assert o.pipeline == {"microbatches": 8, "schedule": "gpipe", "partition": "balance-time",
-                          "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
-                          "allow_random": True, "loss_reduction": "auto"}
+    assert o.pipeline == {"microbatches": 8, "schedule": "gpipe", "virtual_stages": 0,
+                          "partition": "balance-time", "checkpoint": "except_last",
+                          "portals": True, "batch_norm": "deferred", "allow_random": True,
+                          "loss_reduction": "auto"}
     # MadPipe's partition comes with its schedule when none is given.
     o = modelpar.planning.options.resolve_options({"devices": 2, "pipeline": {"partition": "madpipe"}})
     assert (o.pipeline["schedule"], o.pipeline["partition"]) == ("1f1b*", "madpipe")

@@ -129,6 +129,17 @@ def test_gpipe_with_the_loss_compiled_in_and_four_stages() -> None:
     assert "[pipeline]" in text and "4 stages on 4 devices" in text, text
 
 
+@pytest.mark.parametrize("microbatches", [4, 1])
+def test_interleaved_with_the_loss_compiled_in_equals_eager(microbatches: int) -> None:
+    """Interleaved 1F1B (options reach planPipeline): GPT's layers on 2
+    devices x 2 virtual stages placed looping; one micro-batch, fewer than
+    devices, too."""
+    plan = _loss_inside("gpt", 2, [8], schedule="interleaved", virtual_stages=2,
+                        microbatches=microbatches)
+    assert plan.pipeline.num_stages == 4
+    assert plan.pipeline.stage_device == [0, 1, 0, 1] and plan.pipeline.virtual_stages == 2
+
+
 @pytest.mark.parametrize("name", ["gpt", "unet"])
 def test_relayed_skips_over_three_stages_equal_eager(name: str) -> None:
     # portals=False forwards what skips a stage through the stages between
@@ -371,7 +382,9 @@ def test_1f1b_with_the_loss_outside_runs_fill_drain_and_says_to_compile_the_loss
 
 @pytest.mark.parametrize("pipeline,match", [
     ({"microbatch": 4}, "unknown pipeline key"),
-    ({"schedule": "interleaved"}, "'gpipe', '1f1b', '1f1b\\*'"),
+    ({"schedule": "zb-v"}, "'gpipe', '1f1b', '1f1b\\*', 'interleaved'"),
+    ({"virtual_stages": 2}, "more than 1 only with schedule 'interleaved' \\(got 'gpipe'\\)"),
+    ({"schedule": "interleaved", "virtual_stages": -1}, "virtual_stages takes an int >= 0"),
     ({"microbatches": 0}, "an int >= 1"),
     ({"partition": "madpipe", "schedule": "gpipe"}, "only with schedule '1f1b\\*'"),
     ({"portals": "yes"}, "True or False"),

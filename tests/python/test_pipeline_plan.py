@@ -1,7 +1,8 @@
 """modelpar.plan_pipeline end to end on CPU worker devices: every pipelined
-Program (GPipe / 1F1B / 1F1B*, each checkpoint mode, with and without
-portals, every partition method) computes exactly what the unsplit step
-computes, and the example step's hand-written backward equals autograd."""
+Program (GPipe / 1F1B / 1F1B* / interleaved 1F1B, each checkpoint mode, with
+and without portals, every partition method) computes exactly what the
+unsplit step computes, and the example step's hand-written backward equals
+autograd."""
 
 from __future__ import annotations
 
@@ -70,6 +71,20 @@ def test_pipelined_step_equals_the_unsplit_step(schedule: str, checkpoint: str,
     assert_same(run_pipelined(plan, 8), reference(8))
 
 
+@pytest.mark.parametrize("microbatches,batch", [(4, 8), (1, 8), (5, 10)])
+@pytest.mark.parametrize("checkpoint,portals", [("except_last", True), ("never", False)])
+def test_interleaved_step_equals_the_unsplit_step(microbatches: int, batch: int, checkpoint: str,
+                                                  portals: bool) -> None:
+    """Interleaved 1F1B: the 5 layers cut into 2 devices x 2 virtual stages
+    placed looping; one micro-batch (fewer than devices) and 5 (rounds of 3
+    and 2) too."""
+    plan = modelpar.plan_pipeline(STEP, devices=2, microbatches=microbatches, batch_size=batch,
+                                  schedule="interleaved", checkpoint=checkpoint, portals=portals)
+    assert (plan.num_stages, plan.stage_device, plan.virtual_stages) == (4, [0, 1, 0, 1], 2)
+    assert "schedule interleaved (v=2 stages per device, placed looping)" in str(plan)
+    assert_same(run_pipelined(plan, batch), reference(batch))
+
+
 @pytest.mark.parametrize("partition,schedule", [("balance-size", "gpipe"), ("balance-time-comm", "1f1b"),
                                                 ("madpipe", "1f1b*")])
 def test_every_partition_method_runs_exactly(partition: str, schedule: str) -> None:
@@ -123,6 +138,16 @@ def test_errors_name_the_problem() -> None:
         modelpar.plan_pipeline(STEP, devices=2, microbatches=2, batch_size=8, memory=4096)
     with pytest.raises(modelpar.ConfigError, match="devices=0 is not valid"):
         modelpar.plan_pipeline(STEP, devices=0, microbatches=2, batch_size=8)
+    with pytest.raises(modelpar.ConfigError, match="virtual_stages=2 needs schedule='interleaved'"):
+        modelpar.plan_pipeline(STEP, devices=2, microbatches=2, batch_size=8, virtual_stages=2)
+    with pytest.raises(modelpar.ConfigError, match="virtual_stages=True is not valid; "
+                                                   "virtual_stages takes an int >= 0"):
+        modelpar.plan_pipeline(STEP, devices=2, microbatches=2, batch_size=8,
+                               schedule="interleaved", virtual_stages=True)
+    with pytest.raises(modelpar.ConfigError, match="has 5 layers, so it cannot be cut into "
+                                                   "devices=2 x virtual_stages=3 = 6 stages"):
+        modelpar.plan_pipeline(STEP, devices=2, microbatches=2, batch_size=8,
+                               schedule="interleaved", virtual_stages=3)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])

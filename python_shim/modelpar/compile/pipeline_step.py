@@ -205,7 +205,7 @@ class PipelineStep:
                 "compile a function that returns the loss, e.g. "
                 "torch.compile(lambda x, y: loss_fn(model(x), y), ...), with no graph break "
                 "before the loss" + last_graph_break(), stacklevel=2)
-            self.options = {**self.options, "schedule": "gpipe",
+            self.options = {**self.options, "schedule": "gpipe", "virtual_stages": 0,
                             "partition": ("balance-time" if self.options["partition"] == "madpipe"
                                           else self.options["partition"])}
         if self.batch_input < 0 and self.mode == "split":
@@ -293,7 +293,8 @@ class PipelineStep:
                 checkpoint = "never"
             plan = plan_pipeline(self.graph, devices=self.opts.devices,
                                  microbatches=min(o["microbatches"], batch), batch_size=batch,
-                                 schedule=o["schedule"], partition=o["partition"],
+                                 schedule=o["schedule"], virtual_stages=o["virtual_stages"],
+                                 partition=o["partition"],
                                  checkpoint=checkpoint, portals=o["portals"],
                                  memory=self.opts.memory, machine=machine,
                                  loss_reduction=o["loss_reduction"],

@@ -51,9 +51,17 @@ OPTION_DOCS: dict[str, str] = {
         "loss runs fill-drain, each with a warning."),
     "pipeline.microbatches": "Micro-batches per step, an int >= 1; sizes follow `torch.chunk`.",
     "pipeline.schedule": (
-        "`\"gpipe\"` (fill-drain in torchgpipe's clock order), `\"1f1b\"`, or `\"1f1b*\"` (MadPipe's "
-        "in-flight counts). Not given: `\"gpipe\"`, or `\"1f1b*\"` with `partition=\"madpipe\"`. 1F1B "
-        "needs the loss inside the compiled function."),
+        "`\"gpipe\"` (fill-drain in torchgpipe's clock order), `\"1f1b\"`, `\"1f1b*\"` (MadPipe's "
+        "in-flight counts), or `\"interleaved\"` (Megatron's interleaved 1F1B: `virtual_stages` "
+        "stages per device placed looping, a bubble of (p-1)/(v·m + p-1) instead of "
+        "(p-1)/(m + p-1) for v times the transfers). Not given: `\"gpipe\"`, or `\"1f1b*\"` with "
+        "`partition=\"madpipe\"`. 1F1B and interleaved need the loss inside the compiled "
+        "function."),
+    "pipeline.virtual_stages": (
+        "Stages per device, v, an int >= 0: 0 is 2 for `schedule=\"interleaved\"` and 1 otherwise; "
+        "more than 1 only with `\"interleaved\"` (a `ConfigError` otherwise). The layers are cut "
+        "into devices x v stages, stage s on device s % devices; a model with fewer layers is a "
+        "`ConfigError` saying to use fewer. `strategy=\"auto\"` does not search it."),
     "pipeline.partition": (
         "How layers are cut into stages: `\"balance-time\"`, `\"balance-size\"` (torchgpipe), "
         "`\"balance-time-comm\"` (PipeDream's DP; formerly `\"pipedream\"`, which now names the new "

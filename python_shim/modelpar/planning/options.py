@@ -15,7 +15,7 @@ silently ignored.
 | ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
-| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile/pipeline_step.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
+| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``, ``"interleaved"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``virtual_stages`` (0: 2 for ``"interleaved"``, 1 otherwise; stages per device, more than 1 only with ``"interleaved"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile/pipeline_step.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them; its pipelines keep the ``pipeline`` option's defaults (batch norm deferred, with a warning when such a pipeline is chosen; dropout drawn per micro-batch, not a step that draws ``randperm``), and ``pipeline`` may set only those (``batch_norm``, ``allow_random``, ``loss_reduction``, ``portals``); on the first steps the chosen plan is timed against the one-device plan and the faster kept (compile/plan_guard.py). Not with ``placer`` (it picks by hand); over a process group rank 0 measures and every rank searches with its numbers (the one-device plan excluded) |
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed/rank_executor.py) |
@@ -72,10 +72,11 @@ _UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
-#: The pipeline keys strategy="auto" chooses itself.
-_SEARCHED_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint")
-_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint", "portals", "batch_norm",
-                 "allow_random", "loss_reduction")
+#: The pipeline keys strategy="auto" chooses itself (virtual_stages with the
+#: schedule: its searched pipelines keep each schedule's default).
+_SEARCHED_PIPELINE_KEYS = ("microbatches", "schedule", "partition", "checkpoint", "virtual_stages")
+_PIPELINE_KEYS = ("microbatches", "schedule", "virtual_stages", "partition", "checkpoint",
+                  "portals", "batch_norm", "allow_random", "loss_reduction")
 
 
 def _sorted_reprs(keys: Any) -> list[str]:
@@ -100,12 +101,15 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     # and `if` on its result raises numpy's "truth value is ambiguous".
     partition = pipeline.get("partition")
     schedule = "1f1b*" if isinstance(partition, str) and partition == "madpipe" else "gpipe"
-    out = {"microbatches": 4, "schedule": schedule, "partition": "balance-time",
-           "checkpoint": "except_last", "portals": True, "batch_norm": "deferred",
-           "allow_random": True, "loss_reduction": "auto", **pipeline}
+    out = {"microbatches": 4, "schedule": schedule, "virtual_stages": 0,
+           "partition": "balance-time", "checkpoint": "except_last", "portals": True,
+           "batch_norm": "deferred", "allow_random": True, "loss_reduction": "auto", **pipeline}
     m = out["microbatches"]
     if isinstance(m, bool) or not isinstance(m, int) or m < 1:
         raise bad("microbatches", m, "an int >= 1")
+    v = out["virtual_stages"]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise bad("virtual_stages", v, "an int >= 0 (0: 2 for schedule 'interleaved', 1 otherwise)")
     for key, valid in (("schedule", PIPELINE_SCHEDULES), ("partition", PARTITION_METHODS),
                        ("checkpoint", CHECKPOINT_MODES), ("batch_norm", BATCH_NORM_MODES),
                        ("loss_reduction", LOSS_REDUCTIONS)):
@@ -116,6 +120,9 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("portals", "allow_random"):
         if not isinstance(out[key], bool):
             raise bad(key, out[key], "True or False")
+    if v > 1 and out["schedule"] != "interleaved":
+        raise bad("virtual_stages", v, "more than 1 only with schedule 'interleaved' (got "
+                  f"{out['schedule']!r}), the schedule that runs several stages per device in turn")
     if out["partition"] == "madpipe" and out["schedule"] != "1f1b*":
         raise bad("partition", "madpipe", "'madpipe' only with schedule '1f1b*' (MadPipe's "
                   "schedule for the stages it makes)")

@@ -149,14 +149,15 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                   checkpoint: str = "except_last", portals: bool = True,
                   memory=None, machine: str | None = None, loss_reduction: str = "auto",
                   allow_random: bool = True, batch_norm: str = "refuse",
-                  trace: str | None = None):
+                  trace: str | None = None, virtual_stages: int = 0):
     """Plans a training step pipeline-parallel (passes/plan_pipeline.h):
     the step is split into ``microbatches`` micro-batches, its layers are
     cut into stages by ``partition`` (torchgpipe's balance by time or size,
     PipeDream's DP, or MadPipe's memory-aware DP), ``checkpoint`` decides
     which (stage, micro-batch) pairs recompute their forward in the backward,
-    ``schedule`` orders each device's work (GPipe fill-drain, 1F1B, or
-    MadPipe's 1F1B*), and the result is lowered to a Program with a send per
+    ``schedule`` orders each device's work (GPipe fill-drain, 1F1B,
+    MadPipe's 1F1B*, or Megatron's interleaved 1F1B over ``virtual_stages``
+    stages per device), and the result is lowered to a Program with a send per
     micro-batch and simulated. Run ``p.program`` with ``modelpar.Executor``
     on the step's inputs at full batch: its outputs equal the step's.
 
@@ -166,7 +167,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         devices: devices (stages <= devices).
         microbatches: m (torch.chunk's rule may give fewer).
         batch_size: B, the full batch size.
-        schedule: ``"gpipe"``, ``"1f1b"`` or ``"1f1b*"`` (``madpipe`` needs ``"1f1b*"``).
+        schedule: ``"gpipe"``, ``"1f1b"``, ``"1f1b*"`` (``madpipe`` needs
+            ``"1f1b*"``) or ``"interleaved"``.
         partition: ``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"`` or ``"madpipe"``.
         checkpoint: ``"always"``, ``"except_last"`` or ``"never"``.
         portals: skip values go straight to their readers (True) or through
@@ -181,6 +183,11 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
             normalised with its own statistics, the running statistics are
             updated once from the whole mini-batch; see ``microbatch``).
         trace: write the Chrome trace of the simulated step there.
+        virtual_stages: stages per device, v (0: 2 for ``"interleaved"``, 1
+            otherwise; more than 1 only with ``"interleaved"``): the layers are
+            cut into devices x v stages, stage s on device s % devices, and
+            the bubble of uniform stages is (p-1)/(v·m + p-1) instead of 1F1B's
+            (p-1)/(m + p-1), for v times the transfers.
 
     Raises:
         ConfigError: a bad option, named with its valid values (before any
@@ -193,14 +200,14 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
     from .placement import memory_list
     if not isinstance(graph, Graph):
         graph = load_graph(graph)
-    for name, value in (("devices", devices), ("microbatches", microbatches),
-                        ("batch_size", batch_size)):
+    for name, value, least in (("devices", devices, 1), ("microbatches", microbatches, 1),
+                               ("batch_size", batch_size, 1), ("virtual_stages", virtual_stages, 0)):
         if isinstance(value, bool) or not isinstance(value, int):
             raise ConfigError(f"modelpar pipeline: {name}={value!r} is not valid; {name} takes "
-                              f"an int >= 1")
+                              f"an int >= {least}")
     p = _C.plan_pipeline(graph, devices, microbatches, batch_size, schedule, partition,
                          checkpoint, bool(portals), memory_list(memory), machine,
-                         loss_reduction, bool(allow_random), batch_norm)
+                         loss_reduction, bool(allow_random), batch_norm, virtual_stages)
     if trace is not None:
         p.write_trace(str(trace))
     return p

@@ -81,6 +81,8 @@ TEST(ScheduleMemory, InFlightCountsPerSchedule) {
   EXPECT_EQ(activationsInFlight(PipelineSchedule::GPipe, 3, 8), (std::vector<int>{8, 8, 8}));
   EXPECT_EQ(activationsInFlight(PipelineSchedule::OneFOneB, 4, 8), (std::vector<int>{4, 3, 2, 1}));
   EXPECT_EQ(activationsInFlight(PipelineSchedule::OneFOneB, 4, 2), (std::vector<int>{2, 2, 2, 1}));
+  // Interleaved: 1F1B's count over the virtual stages (an approximation).
+  EXPECT_EQ(activationsInFlight(PipelineSchedule::Interleaved, 4, 8), (std::vector<int>{4, 3, 2, 1}));
   std::vector<int> g{5, 3, 1};
   EXPECT_EQ(activationsInFlight(PipelineSchedule::OneFOneBStar, 3, 4, g), (std::vector<int>{4, 3, 1}));
   EXPECT_HAS(messageOf<ConfigError>([] { activationsInFlight(PipelineSchedule::OneFOneBStar, 3, 4); }),
@@ -563,6 +565,8 @@ TEST(Partition, RejectsBadOptionsAndPlansThatDoNotFit) {
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { partitionChain(c, o); }),
              "the balance-time-comm plan needs 100 B on device 0 of 50 B under 1f1b*");
   EXPECT_EQ(parsePipelineSchedule("1f1b*"), PipelineSchedule::OneFOneBStar);
+  EXPECT_EQ(parsePipelineSchedule("interleaved"), PipelineSchedule::Interleaved);
+  EXPECT_EQ(name(PipelineSchedule::Interleaved), "interleaved");
   EXPECT_EQ(parsePipelineSchedule("x"), std::nullopt);
 }
 

@@ -147,6 +147,39 @@ TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCh
   EXPECT_DOUBLE_EQ(pruned.chosenCandidate().step_us, best);
 }
 
+// Note [Interleaved 1F1B in the search]: not among the default schedules;
+// named, planned with 2 stages per device like any other schedule.
+TEST(StrategySearch, InterleavedIsSearchedOnlyWhenNamedWithTwoStagesPerDevice) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = 8;
+  o.prune = false;
+  o.one_device = false;
+  o.placements = false;
+  o.microbatches = {4};
+  o.checkpoints = {"never"};
+  StrategySearch all = searchStrategy(step, o);
+  for (const StrategyCandidate& c : all.candidates) EXPECT_NE(c.schedule, "interleaved") << c.label();
+
+  o.schedules = {"1f1b", "interleaved"};
+  StrategySearch s = searchStrategy(step, o);
+  ASSERT_EQ(s.candidates.size(), 6u);  // 2 schedules x 3 partitions (no madpipe)
+  for (const StrategyCandidate& c : s.candidates) {
+    SCOPED_TRACE(c.label() + ": " + c.reason);
+    EXPECT_EQ(c.status, CandidateStatus::Ok);
+    EXPECT_GE(c.step_us, c.lower_bound_us * (1 - 1e-9));
+  }
+  o.schedules = {"interleaved"};
+  o.partitions = {"balance-time"};
+  StrategySearch only = searchStrategy(step, o);
+  ASSERT_TRUE(only.pipeline.has_value());
+  EXPECT_EQ(only.pipeline->schedule, "interleaved");
+  EXPECT_EQ(only.pipeline->virtual_stages, 2);
+  EXPECT_EQ(only.pipeline->partition.stage_device, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(only.chosenCandidate().label(), "pipeline interleaved m=4 balance-time checkpoint=never");
+}
+
 TEST(StrategySearch, CandidatesOverMemoryAreDroppedAndNoneFittingIsAnError) {
   ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
   StrategySearchOptions o;

@@ -1,0 +1,96 @@
+// Internals of the `schedule` pass (schedule.h), shared by schedule.cpp (the
+// checks, each task's nodes, the global order, shared nodes, the projection
+// onto devices), schedule_clock.cpp (Note [Global clock]) and
+// schedule_interleaved.cpp (interleaved 1F1B's device orders). Not part of the
+// API: include passes/pipeline/schedule.h.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "ir/graph.h"
+#include "passes/pipeline/schedule.h"
+
+namespace modelpar::passes::schedule_detail {
+
+enum class Role : uint8_t { InTask, Shared, Final };
+inline constexpr int kF = 0, kB = 1;
+
+inline std::string_view kindName(int k) { return k == kF ? "F" : "B"; }
+
+/// The problem after the precondition checks. A task is (stage, micro-batch,
+/// F or B), numbered taskId(s, k, fb).
+struct Pipeline {
+  int n = 0, m = 0, num_devices = 0;
+  bool reverse_backward = false;    // GPipe: B(m-1) .. B0 (torchgpipe's fork/join order)
+  /// Interleaved 1F1B: the clock runs each device's order (a lane per
+  /// device) instead of each stage's; n = num_devices * virtual_stages and
+  /// stage s is on device s % num_devices.
+  bool interleaved = false;
+  int virtual_stages = 1;
+  std::vector<int32_t> device_of_stage;
+  std::vector<int> warmup;          // per stage, clamped to [1, m] (not used by interleaved)
+  std::vector<Role> role;           // per node
+  std::vector<int32_t> stage;       // per node (shared: filled in by anchorSharedNodes)
+  std::vector<int32_t> task;        // per node, InTask only: taskId(stage, mb, F|B)
+  const PatternTimes* pattern = nullptr;  // 1f1b* with MadPipe's pattern
+
+  int32_t taskId(int s, int k, int fb) const { return (s * m + k) * 2 + fb; }
+  size_t numTasks() const { return static_cast<size_t>(n) * static_cast<size_t>(m) * 2; }
+  // Note [Lowering the periodic pattern]: the start of a task in the
+  // pattern's time, (k + shift) * T + start.
+  double patternStart(int32_t t) const {
+    const auto s = static_cast<size_t>(t / 2 / m);
+    const int k = (t / 2) % m;
+    const bool f = t % 2 == 0;
+    return (k + (f ? pattern->fwd_shift[s] : pattern->bwd_shift[s])) * pattern->period_us +
+           (f ? pattern->fwd_start_us[s] : pattern->bwd_start_us[s]);
+  }
+  std::string taskName(int32_t t) const {
+    return fmt::format("{}{} of stage {}", kindName(t % 2), (t / 2) % m, t / 2 / m);
+  }
+};
+
+/// The data dependencies between tasks: an edge per graph edge between
+/// nodes of two different tasks.
+struct TaskEdges {
+  std::vector<std::vector<int32_t>> succ;  ///< per task: the tasks reading it (repeated per edge)
+  std::vector<int32_t> num_preds;          ///< per task: edges into it
+  /// Per task: the edges into it, (producer node, reader node), for messages.
+  std::vector<std::vector<std::pair<ir::NodeId, ir::NodeId>>> in_edges;
+};
+TaskEdges taskEdges(const ir::Graph& g, const Pipeline& P);
+
+/// One run of Note [Global clock] over `lanes`: per lane (a stage's or a
+/// device's sequence of tasks), at each tick the lane's next task fires when
+/// every task it reads fired at an earlier tick.
+struct ClockRun {
+  std::vector<int32_t> tick;  ///< per task; -1 for a task that never fired or is in no lane
+  /// Empty when every task fired; else, per lane that is stuck, "; <task>
+  /// waits (<reader> reads <node> of <task>)", naming an edge from a task
+  /// that has not run.
+  std::string blocked;
+  bool ok() const { return blocked.empty(); }
+};
+ClockRun runClock(const ir::Graph& g, const Pipeline& P, const TaskEdges& e,
+                  const std::vector<std::vector<int32_t>>& lanes);
+
+/// Interleaved 1F1B (Note [Interleaved 1F1B] in schedule_interleaved.cpp):
+/// each device's task order, its warm-up raised until the clock runs it.
+/// `used` says, per task, whether it has nodes (empty tasks are left out).
+/// Throws ConfigError naming the blocked tasks when even running every
+/// forward first cannot run (the graph's edges contradict the stage order).
+struct DeviceOrders {
+  std::vector<std::vector<int32_t>> lanes;  ///< per device
+  std::vector<int> warmup;                  ///< per device: forwards before the first backward
+  std::vector<int32_t> tick;                ///< per task (ClockRun::tick)
+};
+DeviceOrders interleavedOrders(const ir::Graph& g, const Pipeline& P, const TaskEdges& e,
+                               const std::vector<char>& used);
+
+}  // namespace modelpar::passes::schedule_detail
