@@ -14,15 +14,28 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# Each phase's seconds, printed at the end (and on failure): CI's 20-minute
+# budget is spent across them (bench/RESULTS.md, "The test suite's time").
+phase_start=$(date +%s) phases=""
+phase() {
+  local now; now=$(date +%s)
+  phases+="${phases:+, }$1 $((now - phase_start)) s"
+  phase_start=$now
+}
+trap 'echo "modelpar test phases: ${phases:-none finished}"' EXIT
 bash scripts/build.sh
+phase build
 bash scripts/docs.sh
+phase docs
 build="${BUILD_DIR:-build}"
 # The CUDA code has no GPU here: compile and link it against the CUDA wheel so
 # it cannot rot (first run ~5 min incl. the venv, then seconds; see the script).
 if [ "${MODELPAR_SKIP_CUDA_CHECK:-0}" != 1 ]; then
   bash scripts/check_cuda_build.sh
+  phase cuda-compile
 fi
 ctest --test-dir "$build" --output-on-failure -j "$(nproc)"
+phase ctest
 # Two pytest workers (pytest-xdist) by default: most of a test's time is
 # Dynamo and AOTAutograd tracing in one Python thread, so two workers use
 # both cores; MODELPAR_TEST_WORKERS=0 runs in this process. The slowest
@@ -34,10 +47,13 @@ if [ "$workers" != 0 ] && "$root/.venv/bin/python" -c "import xdist" 2>/dev/null
 fi
 PYTHONPATH="$root/$build/python" "$root/.venv/bin/python" -m pytest tests/python -q \
   -p no:cacheprovider --durations=30 "${xdist[@]}"
+phase pytest
 hardening="${MODELPAR_HARDENING:-}"
 if [ -z "$hardening" ] && [ "${CI:-}" = true ]; then hardening=1; fi
 if [ "$hardening" = 1 ] || [ "$hardening" = full ]; then
   if [ "$hardening" = full ]; then parts=ir,passes; else parts=ir; fi
   bash scripts/sanitize.sh asan "$parts"
+  phase sanitize
   bash scripts/fuzz_parser.sh "${MODELPAR_FUZZ_SECONDS:-30}"
+  phase fuzz
 fi
