@@ -14,6 +14,9 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
+# Paths relative to the checkout in ccache's hash, as scripts/build.sh does:
+# a clean clone elsewhere reuses the objects (233 s of compiling to seconds).
+export CCACHE_BASEDIR="${CCACHE_BASEDIR:-$root}" CCACHE_NOHASHDIR=1
 venv="$root/.venv-cuda"
 full=0
 [ "${MODELPAR_CUDA_CHECK:-}" = full ] && full=1
