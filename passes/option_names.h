@@ -22,9 +22,10 @@ inline constexpr int kMaxDevices = 64;
 /// `placer`: Baechi's three placers.
 inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
 /// `schedule`: torchgpipe's clock-cycle GPipe, PipeDream's 1F1B, MadPipe's 1F1B*,
-/// Megatron-LM's interleaved 1F1B (virtual_stages chunks per device).
+/// Megatron-LM's interleaved 1F1B (virtual_stages chunks per device), zero
+/// bubble's ZB-H1 (backward split into B and W, Qi et al. 2024).
 inline constexpr std::string_view kPipelineScheduleNames[] = {"gpipe", "1f1b", "1f1b*",
-                                                              "interleaved"};
+                                                              "interleaved", "zb-h1"};
 /// `partition`: balance compute time, balance memory, balance compute time
 /// with the transfer time of every cut (PipeDream's straight-pipeline DP,
 /// no stage replication), MadPipe's memory-aware DP.

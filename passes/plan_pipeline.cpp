@@ -121,6 +121,8 @@ double PipelinePlan::speedup() const {
 double PipelinePlan::idealSpeedup() const {
   const double n = numStages(), m = static_cast<double>(microbatch_sizes.size());
   const double v = virtual_stages, p = n / v;  // v = 1: n·m / (m + n - 1)
+  // ZB-H1 with T_F = T_B = T_W: (p-1) idle slots in 3m + (p-1) (Note [ZB-H1]).
+  if (schedule == "zb-h1") return n * 3 * m / (3 * m + n - 1);
   return n * m / (v * m + p - 1);
 }
 
@@ -180,7 +182,10 @@ std::string PipelinePlan::summary() const {
       "  simulated step {} (one device {}): speed-up {:.2f}x, ideal {:.2f}x "
       "({}), bubble {:.1f} %\n",
       formatMicros(stepTimeUs()), formatMicros(single_device_us), speedup(), idealSpeedup(),
-      virtual_stages > 1 ? "p·v·m/(v·m+p-1)" : "n·m/(m+n-1)", 100.0 * bubbleFraction());
+      virtual_stages > 1      ? "p·v·m/(v·m+p-1)"
+      : schedule == "zb-h1"   ? "n·3m/(3m+n-1), F=B=W"
+                              : "n·m/(m+n-1)",
+      100.0 * bubbleFraction());
   for (size_t d = 0; d < simulation.devices.size(); ++d) {
     const DeviceReport& r = simulation.devices[d];
     out += fmt::format("  device {}: busy {}, peak memory {} of {}, {} instructions\n", d,
@@ -335,7 +340,9 @@ ir::Graph microbatchStep(PassRunner& timer, const ir::Graph& step, const ir::Gra
   MicrobatchOptions all = o.microbatch;
   all.microbatches = o.microbatches;
   all.batch_size = o.batch_size;
-  all.accumulate_in_reverse = o.schedule == "gpipe";  // the order its backwards run in
+  // The order its backwards run in (zb-h1's W's, which hold the sums, run in
+  // micro-batch order: Note [ZB-H1]).
+  all.accumulate_in_reverse = o.schedule == "gpipe";
   // A profiled node time includes the device's per-op overhead, which each
   // micro-batch's copy pays whole.
   all.launch_overhead_us = machine.device(0).launch_overhead_us;

@@ -10,8 +10,9 @@
 // graph then runs on the stage of its `layer` (a node without a layer takes
 // the latest stage among the nodes it reads, else stage 0), the checkpoint
 // pass adds recompute copies, and the schedule pass orders each device's
-// tasks (GPipe, 1F1B, 1F1B* with the partition's in-flight counts, or
-// interleaved 1F1B over devices x virtual_stages stages placed looping) and
+// tasks (GPipe, 1F1B, 1F1B* with the partition's in-flight counts,
+// interleaved 1F1B over devices x virtual_stages stages placed looping, or
+// ZB-H1 with each backward split into B and W) and
 // lowers them to a Program with explicit sends per micro-batch. Values that
 // cross several stages go straight from producer to reader (portals) unless
 // `portals` is off (relayed stage by stage).
@@ -127,7 +128,8 @@ struct PipelinePlan {
   double speedup() const;
   /// The ideal speed-up of n uniform stages over m micro-batches with free
   /// transfers: GPipe/1F1B n·m / (m + n − 1); interleaved, n = p·v stages on
-  /// p devices, p·v·m / (v·m + p − 1).
+  /// p devices, p·v·m / (v·m + p − 1); ZB-H1 with forward, B and W alike,
+  /// n·3m / (3m + n − 1) (Note [ZB-H1]).
   double idealSpeedup() const;
   /// 1 − (compute busy summed over used devices) / (devices × step time).
   double bubbleFraction() const;

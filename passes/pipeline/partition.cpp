@@ -94,6 +94,7 @@ std::string_view name(PipelineSchedule s) {
     case PipelineSchedule::OneFOneB: return "1f1b";
     case PipelineSchedule::OneFOneBStar: return "1f1b*";
     case PipelineSchedule::Interleaved: return "interleaved";
+    case PipelineSchedule::ZeroBubbleH1: return "zb-h1";
   }
   return "?";
 }
@@ -101,7 +102,7 @@ std::string_view name(PipelineSchedule s) {
 std::optional<PipelineSchedule> parsePipelineSchedule(std::string_view s) {
   for (auto k :
        {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::OneFOneBStar,
-        PipelineSchedule::Interleaved}) {
+        PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1}) {
     if (name(k) == s) return k;
   }
   return std::nullopt;
@@ -176,7 +177,12 @@ std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int mic
     // in either direction (p = 4, v = 2: with m = 8 device 0 keeps 11 and
     // is counted 12; with m = 7, one round of 7, device 3 keeps 8 and is
     // counted 6). The simulation of the lowered Program gives the real peak.
-    if (s == PipelineSchedule::OneFOneB || s == PipelineSchedule::Interleaved) {
+    // ZB-H1 counted as 1F1B: stage s also keeps the inputs of up to s
+    // deferred W's (Note [ZB-H1] in schedule_zero_bubble.cpp), a part of a
+    // micro-batch's activations this count leaves out; the simulation of
+    // the lowered Program gives the real peak, which planPipeline checks.
+    if (s == PipelineSchedule::OneFOneB || s == PipelineSchedule::Interleaved ||
+        s == PipelineSchedule::ZeroBubbleH1) {
       k = std::min(microbatches, num_stages - i);
     }
     if (s == PipelineSchedule::OneFOneBStar) {

@@ -30,7 +30,8 @@
 //     weight_copies x W(k..l) + g x a_store(k..l) + 2 a_out[k-1] + 2 a_out[l-1]
 // (buffers for activation + gradient at each cut it has), where g is
 //     GPipe m;  1F1B min(m, S - s) for stage s of S;  1F1B* min(m, group of s);
-//     interleaved 1F1B min(m, S - s) for virtual stage s of S = p·v (an approximation).
+//     interleaved 1F1B min(m, S - s) for virtual stage s of S = p·v (an approximation);
+//     ZB-H1 min(m, S - s), as 1F1B (a lower bound: Note [ZB-H1]).
 // A device's memory is the sum over its stages. Capping g at m reflects a
 // pipeline flushed every m micro-batches; a large m gives the paper's stream.
 //
@@ -64,8 +65,8 @@ namespace modelpar::passes {
 
 inline constexpr std::string_view kPartitionPassId = "partition";
 
-enum class PipelineSchedule : uint8_t { GPipe, OneFOneB, OneFOneBStar, Interleaved };
-std::string_view name(PipelineSchedule s);  // gpipe 1f1b 1f1b* interleaved
+enum class PipelineSchedule : uint8_t { GPipe, OneFOneB, OneFOneBStar, Interleaved, ZeroBubbleH1 };
+std::string_view name(PipelineSchedule s);  // gpipe 1f1b 1f1b* interleaved zb-h1
 std::optional<PipelineSchedule> parsePipelineSchedule(std::string_view s);
 
 struct PartitionOptions {
@@ -154,7 +155,8 @@ std::vector<int> oneFOneBStarGroups(std::span<const double> stage_us,
 /// Micro-batches of activations each of `groups.size()` (or num_stages)
 /// stages keeps under a schedule: GPipe m, 1F1B min(m, S - s), 1F1B*
 /// min(m, groups[s]) (groups needed only for 1F1B*), interleaved 1F1B
-/// min(m, S - s) over its S virtual stages (an approximation: see the .cpp).
+/// min(m, S - s) over its S virtual stages, ZB-H1 min(m, S - s) (1F1B's
+/// count; both approximations: see the .cpp).
 std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int microbatches,
                                      std::span<const int> groups = {});
 

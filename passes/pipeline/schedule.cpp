@@ -7,6 +7,7 @@
 
 #include "ir/check.h"
 #include "passes/cost/op_family.h"
+#include "passes/pipeline/backward_split.h"
 #include "passes/pipeline/relay_skips.h"
 #include "passes/pipeline/schedule_impl.h"
 
@@ -34,13 +35,28 @@ void checkLoopingPlacement(Pipeline& P) {
   P.virtual_stages = P.n / p;
 }
 
+// 1a. ZB-H1 runs one stage per device (Note [ZB-H1]).
+void checkOneStagePerDevice(const Pipeline& P) {
+  std::vector<int> stage_on(static_cast<size_t>(P.num_devices), -1);
+  for (int s = 0; s < P.n; ++s) {
+    int& other = stage_on[static_cast<size_t>(P.device_of_stage[static_cast<size_t>(s)])];
+    MP_CHECK(other < 0, ConfigError,
+             "modelpar {}: schedule 'zb-h1' runs one stage per device, but stages {} and {} are "
+             "both on device {}; give each stage its own device (or use '1f1b*' or "
+             "'interleaved' for stages that share one)",
+             kSchedulePassId, other, s, P.device_of_stage[static_cast<size_t>(s)]);
+    other = s;
+  }
+}
+
 // 1. Options, roles, stages, and the edge rules.
 Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   const auto id = kSchedulePassId;
-  MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*" || o.kind == "interleaved",
+  MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*" || o.kind == "interleaved" ||
+               o.kind == "zb-h1",
            ConfigError,
-           "modelpar {}: unknown schedule '{}'; use \"gpipe\", \"1f1b\", \"1f1b*\" or "
-           "\"interleaved\"", id, o.kind);
+           "modelpar {}: unknown schedule '{}'; use \"gpipe\", \"1f1b\", \"1f1b*\", "
+           "\"interleaved\" or \"zb-h1\"", id, o.kind);
   MP_CHECK(!o.relay_skips, ConfigError,
            "modelpar {}: relay_skips rewrites the graph; call lowerPipeline (or relaySkips first)", id);
   const size_t nn = g.numNodes();
@@ -96,9 +112,11 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   }
   P.m = std::max(P.m, 1);
   if (o.kind == "interleaved") checkLoopingPlacement(P);
+  P.zero_bubble = o.kind == "zb-h1";
+  if (P.zero_bubble) checkOneStagePerDevice(P);
   P.warmup.assign(static_cast<size_t>(P.n), P.m);
   P.reverse_backward = o.kind == "gpipe";
-  if (o.kind == "1f1b") {
+  if (o.kind == "1f1b" || P.zero_bubble) {
     for (int s = 0; s < P.n; ++s) P.warmup[static_cast<size_t>(s)] = std::clamp(P.n - s, 1, P.m);
   } else if (o.kind == "1f1b*") {
     MP_CHECK(o.in_flight.size() == static_cast<size_t>(P.n), ConfigError,
@@ -125,11 +143,14 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
     P.pattern = &pt;
   }
   P.task.assign(nn, -1);
+  // zb-h1: each backward task's W part (Note [Backward split]).
+  const BackwardSplit split = P.zero_bubble ? splitBackward(g, P.stage) : BackwardSplit{};
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
     if (P.role[i] != Role::InTask) continue;
     bool bwd = n.phase == ir::Phase::Backward || n.phase == ir::Phase::Recompute;
-    P.task[i] = P.taskId(P.stage[i], *n.microbatch, bwd ? kB : kF);
+    const bool w = !split.part.empty() && split.part[i] == BackwardPart::W;
+    P.task[i] = P.taskId(P.stage[i], *n.microbatch, w ? kW : bwd ? kB : kF);
   }
   // Edge rules between micro-batch nodes.
   for (size_t i = 0; i < nn; ++i) {
@@ -144,7 +165,9 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
                "micro-batch cannot wait for the whole step (give {} an mb, or move the reader "
                "after the step)", id, g.nodeRef(vi), mbText(g.nodes()[i]), g.nodeRef(u), g.nodeRef(u));
       if (P.role[ui] != Role::InTask) continue;
-      int fu = P.task[ui] % 2, fv = P.task[i] % 2, su = P.stage[ui], sv = P.stage[i];
+      // Backward here: B or W.
+      int fu = P.kindOf(P.task[ui]) == kF ? kF : kB, fv = P.kindOf(P.task[i]) == kF ? kF : kB;
+      int su = P.stage[ui], sv = P.stage[i];
       MP_CHECK(!(fu == kB && fv == kF), ConfigError,
                "modelpar {}: forward node {} reads backward node {}; a forward node must not wait "
                "for a backward one (check their phases)", id, g.nodeRef(vi), g.nodeRef(u));
@@ -185,6 +208,7 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
 //
 // 2. The task order of stage s (see the header's table).
 std::vector<int32_t> stageSequence(const Pipeline& P, int s) {
+  if (P.zero_bubble) return zeroBubbleSequence(P, s);  // Note [ZB-H1]
   std::vector<int32_t> seq;
   const int m = P.m, w = P.warmup[static_cast<size_t>(s)];
   if (P.pattern != nullptr) {
@@ -284,7 +308,7 @@ std::vector<int32_t> orderTasks(const ir::Graph& g, const Pipeline& P, const Tas
       if (sa != sb) return sa < sb;
     }
     int32_t ta = tick[static_cast<size_t>(a)], tb = tick[static_cast<size_t>(b)];
-    return ta != tb ? ta < tb : a / 2 / P.m < b / 2 / P.m;
+    return ta != tb ? ta < tb : P.stageOf(a) < P.stageOf(b);
   });
   return tasks;
 }

@@ -2,15 +2,19 @@
 // into pipeline stages -> a Placement (device and order per node) that
 // `lower` turns into a Program with explicit sends and receives per
 // micro-batch, for GPipe (seed 002 §3.2, Algorithm 1), 1F1B (algorithms.md
-// §5.2), MadPipe's 1F1B* (seed 004 §4.1) and Megatron-LM's interleaved 1F1B
-// (Narayanan et al. 2021, §2.2.2). The pipeline is an explicit
+// §5.2), MadPipe's 1F1B* (seed 004 §4.1), Megatron-LM's interleaved 1F1B
+// (Narayanan et al. 2021, §2.2.2) and zero bubble's ZB-H1 (Qi et al. 2024,
+// §3.1). The pipeline is an explicit
 // per-device program (seed 003), so the simulator and executors need nothing
 // new.
 //
 // Terms. m micro-batches (1 + the largest `mb`), n stages (the size of
 // device_of_stage, else 1 + the largest stage). A task is (stage, micro-batch,
 // F or B): the nodes with that `mb` on that stage, phase fwd (or none) for F,
-// bwd or recompute for B. In a B task, recompute nodes come first (in graph
+// bwd or recompute for B; under zb-h1 the backward is split into B, what the
+// gradient sent to the previous stage needs, and W, the rest (weight
+// gradients and their sums; Note [Backward split], backward_split.h). In a
+// B task, recompute nodes come first (in graph
 // order, as long as they read no backward node of the task), then the rest in
 // graph order: recomputation overlaps the incoming gradient's transfer
 // (torchgpipe's separate Recompute, seed 002 §3.2.4). Nodes without `mb`:
@@ -49,6 +53,15 @@
 //   device 1: F1.0 F1.1 F3.0 B3.0 F3.1 B3.1 F1.2 B1.0 F1.3 B1.1 F3.2 B3.2 F3.3 B3.3 B1.2 B1.3
 // Bubble with uniform stages and free transfers: (p-1)/(v·m + p-1) for m >= p
 // (1F1B's is (p-1)/(m + p-1)).
+// Per-stage task order of zb-h1 (one stage per device; Note [ZB-H1] in
+// schedule_zero_bubble.cpp), w = min(n - s, m) as 1F1B, d = s:
+//   zb-h1   F0 .. F(w-1); then for j = 0..m-1: B(j), W(j-d) if j >= d,
+//           F(j+w) if j+w < m; then the W's left, in micro-batch order
+// e.g. n=3, m=4:        stage 0: F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3
+//                       stage 1: F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3
+//                       stage 2: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
+// With F = B = W = 1 and free transfers the step is 3m + (p-1) for m >= p
+// (1F1B's 3(m + p-1)): the paper's bubble (p-1)(T_F + T_B - T_W).
 //
 // Note [Global clock]
 // ~~~~~~~~~~~~~~~~~~~
@@ -69,7 +82,7 @@
 // stage_of_node has one entry per node; every stage has a device; a forward
 // edge never goes to an earlier stage and a backward edge never to a later
 // one; no forward node reads a backward node; no micro-batch node reads a
-// final node; 1f1b*: in_flight has one entry >= 1 per stage, not increasing
+// final node; zb-h1: each stage on a device of its own; 1f1b*: in_flight has one entry >= 1 per stage, not increasing
 // along forward edges (after clamping to m); interleaved: device_of_stage[s]
 // == s % p for each of the n = p·v stages; the task order is not circular
 // (e.g. chained cross-micro-batch dependencies under GPipe's reversed
@@ -112,7 +125,8 @@ struct PatternTimes {
 
 struct PipelineScheduleOptions {
   /// "gpipe" | "1f1b" | "1f1b*" | "interleaved" (v = n / p stages per
-  /// device, placed looping: see device_of_stage).
+  /// device, placed looping: see device_of_stage) | "zb-h1" (one stage per
+  /// device, backwards split into B and W).
   std::string kind = "gpipe";
   /// Per NodeId, the stage that runs it (-1 allowed for shared nodes).
   std::vector<int32_t> stage_of_node;

@@ -1,8 +1,9 @@
 // Internals of the `schedule` pass (schedule.h), shared by schedule.cpp (the
 // checks, each task's nodes, the global order, shared nodes, the projection
-// onto devices), schedule_clock.cpp (Note [Global clock]) and
-// schedule_interleaved.cpp (interleaved 1F1B's device orders). Not part of the
-// API: include passes/pipeline/schedule.h.
+// onto devices), schedule_clock.cpp (Note [Global clock]),
+// schedule_interleaved.cpp (interleaved 1F1B's device orders) and
+// schedule_zero_bubble.cpp (ZB-H1's stage orders). Not part of the API:
+// include passes/pipeline/schedule.h.
 #pragma once
 
 #include <cstdint>
@@ -19,12 +20,14 @@
 namespace modelpar::passes::schedule_detail {
 
 enum class Role : uint8_t { InTask, Shared, Final };
-inline constexpr int kF = 0, kB = 1;
+/// Task kinds: forward, backward (all of it, or zb-h1's B part), and zb-h1's
+/// W part (Note [Backward split]; empty under the other schedules).
+inline constexpr int kF = 0, kB = 1, kW = 2, kKinds = 3;
 
-inline std::string_view kindName(int k) { return k == kF ? "F" : "B"; }
+inline std::string_view kindName(int k) { return k == kF ? "F" : k == kB ? "B" : "W"; }
 
 /// The problem after the precondition checks. A task is (stage, micro-batch,
-/// F or B), numbered taskId(s, k, fb).
+/// F, B or W), numbered taskId(s, k, kind).
 struct Pipeline {
   int n = 0, m = 0, num_devices = 0;
   bool reverse_backward = false;    // GPipe: B(m-1) .. B0 (torchgpipe's fork/join order)
@@ -33,26 +36,32 @@ struct Pipeline {
   /// stage s is on device s % num_devices.
   bool interleaved = false;
   int virtual_stages = 1;
+  /// ZB-H1: backward tasks split into B and W (Note [Backward split]), each
+  /// stage in Note [ZB-H1]'s order.
+  bool zero_bubble = false;
   std::vector<int32_t> device_of_stage;
   std::vector<int> warmup;          // per stage, clamped to [1, m] (not used by interleaved)
   std::vector<Role> role;           // per node
   std::vector<int32_t> stage;       // per node (shared: filled in by anchorSharedNodes)
-  std::vector<int32_t> task;        // per node, InTask only: taskId(stage, mb, F|B)
+  std::vector<int32_t> task;        // per node, InTask only: taskId(stage, mb, F|B|W)
   const PatternTimes* pattern = nullptr;  // 1f1b* with MadPipe's pattern
 
-  int32_t taskId(int s, int k, int fb) const { return (s * m + k) * 2 + fb; }
-  size_t numTasks() const { return static_cast<size_t>(n) * static_cast<size_t>(m) * 2; }
+  int32_t taskId(int s, int k, int kind) const { return (s * m + k) * kKinds + kind; }
+  size_t numTasks() const { return static_cast<size_t>(n) * static_cast<size_t>(m) * kKinds; }
+  static int kindOf(int32_t t) { return t % kKinds; }
+  int stageOf(int32_t t) const { return t / kKinds / m; }
+  int microbatchOf(int32_t t) const { return (t / kKinds) % m; }
   // Note [Lowering the periodic pattern]: the start of a task in the
   // pattern's time, (k + shift) * T + start.
   double patternStart(int32_t t) const {
-    const auto s = static_cast<size_t>(t / 2 / m);
-    const int k = (t / 2) % m;
-    const bool f = t % 2 == 0;
+    const auto s = static_cast<size_t>(stageOf(t));
+    const int k = microbatchOf(t);
+    const bool f = kindOf(t) == kF;
     return (k + (f ? pattern->fwd_shift[s] : pattern->bwd_shift[s])) * pattern->period_us +
            (f ? pattern->fwd_start_us[s] : pattern->bwd_start_us[s]);
   }
   std::string taskName(int32_t t) const {
-    return fmt::format("{}{} of stage {}", kindName(t % 2), (t / 2) % m, t / 2 / m);
+    return fmt::format("{}{} of stage {}", kindName(kindOf(t)), microbatchOf(t), stageOf(t));
   }
 };
 
@@ -92,5 +101,9 @@ struct DeviceOrders {
 };
 DeviceOrders interleavedOrders(const ir::Graph& g, const Pipeline& P, const TaskEdges& e,
                                const std::vector<char>& used);
+
+/// ZB-H1 (Note [ZB-H1] in schedule_zero_bubble.cpp): stage s's task order,
+/// B and W tasks of every micro-batch included (the caller drops empty ones).
+std::vector<int32_t> zeroBubbleSequence(const Pipeline& P, int s);
 
 }  // namespace modelpar::passes::schedule_detail

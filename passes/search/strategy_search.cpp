@@ -42,11 +42,14 @@ StrategyCandidate candidate(std::string kind) {
   return c;
 }
 
-// The schedules to search: those named, else all but "interleaved" (Note
-// [Interleaved 1F1B in the search]).
+// The schedules to search: those named, else all but "interleaved" and
+// "zb-h1" (Note [Interleaved 1F1B in the search]).
 std::vector<std::string> searchedSchedules(const StrategySearchOptions& o) {
   std::vector<std::string> s = orAll(o.schedules, kPipelineScheduleNames, "schedule");
-  if (o.schedules.empty()) std::erase(s, std::string("interleaved"));
+  if (o.schedules.empty()) {
+    std::erase(s, std::string("interleaved"));
+    std::erase(s, std::string("zb-h1"));
+  }
   return s;
 }
 

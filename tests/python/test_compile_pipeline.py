@@ -140,6 +140,16 @@ def test_interleaved_with_the_loss_compiled_in_equals_eager(microbatches: int) -
     assert plan.pipeline.stage_device == [0, 1, 0, 1] and plan.pipeline.virtual_stages == 2
 
 
+@pytest.mark.parametrize("devices", [2, 3])
+def test_zb_h1_with_the_loss_compiled_in_equals_eager(devices: int) -> None:
+    """ZB-H1 (options reach planPipeline): each backward split into B (the
+    gradient sent back) and W (weight gradients, deferred); loss and every
+    gradient equal eager."""
+    plan = _loss_inside("gpt", devices, [8], schedule="zb-h1", microbatches=4)
+    assert plan.pipeline.schedule == "zb-h1"
+    assert plan.pipeline.num_stages == devices
+
+
 @pytest.mark.parametrize("name", ["gpt", "unet"])
 def test_relayed_skips_over_three_stages_equal_eager(name: str) -> None:
     # portals=False forwards what skips a stage through the stages between
@@ -382,7 +392,7 @@ def test_1f1b_with_the_loss_outside_runs_fill_drain_and_says_to_compile_the_loss
 
 @pytest.mark.parametrize("pipeline,match", [
     ({"microbatch": 4}, "unknown pipeline key"),
-    ({"schedule": "zb-v"}, "'gpipe', '1f1b', '1f1b\\*', 'interleaved'"),
+    ({"schedule": "zb-v"}, "'gpipe', '1f1b', '1f1b\\*', 'interleaved', 'zb-h1'"),
     ({"virtual_stages": 2}, "more than 1 only with schedule 'interleaved' \\(got 'gpipe'\\)"),
     ({"schedule": "interleaved", "virtual_stages": -1}, "virtual_stages takes an int >= 0"),
     ({"microbatches": 0}, "an int >= 1"),

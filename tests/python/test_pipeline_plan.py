@@ -1,5 +1,5 @@
 """modelpar.plan_pipeline end to end on CPU worker devices: every pipelined
-Program (GPipe / 1F1B / 1F1B* / interleaved 1F1B, each checkpoint mode, with
+Program (GPipe / 1F1B / 1F1B* / interleaved 1F1B / ZB-H1, each checkpoint mode, with
 and without portals, every partition method) computes exactly what the
 unsplit step computes, and the example step's hand-written backward equals
 autograd."""
@@ -83,6 +83,24 @@ def test_interleaved_step_equals_the_unsplit_step(microbatches: int, batch: int,
     assert (plan.num_stages, plan.stage_device, plan.virtual_stages) == (4, [0, 1, 0, 1], 2)
     assert "schedule interleaved (v=2 stages per device, placed looping)" in str(plan)
     assert_same(run_pipelined(plan, batch), reference(batch))
+
+
+@pytest.mark.parametrize("microbatches,batch", [(4, 8), (1, 8), (5, 10)])
+@pytest.mark.parametrize("checkpoint,portals", [("always", True), ("never", False)])
+def test_zb_h1_step_equals_the_unsplit_step(microbatches: int, batch: int, checkpoint: str,
+                                            portals: bool) -> None:
+    """ZB-H1: backwards split into B and W (W's deferred, gradient sums in
+    micro-batch order); one micro-batch (fewer than devices) and 5 too; the
+    same stages as 1F1B and a shorter simulated step."""
+    plan = modelpar.plan_pipeline(STEP, devices=4, microbatches=microbatches, batch_size=batch,
+                                  schedule="zb-h1", checkpoint=checkpoint, portals=portals)
+    assert plan.num_stages == 4 and plan.schedule == "zb-h1"
+    assert_same(run_pipelined(plan, batch), reference(batch))
+    one = modelpar.plan_pipeline(STEP, devices=4, microbatches=microbatches, batch_size=batch,
+                                 schedule="1f1b", checkpoint=checkpoint, portals=portals)
+    assert plan.stage_device == one.stage_device
+    if microbatches > 1:
+        assert plan.step_time_us < one.step_time_us
 
 
 @pytest.mark.parametrize("partition,schedule", [("balance-size", "gpipe"), ("balance-time-comm", "1f1b"),

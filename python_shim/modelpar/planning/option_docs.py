@@ -54,9 +54,12 @@ OPTION_DOCS: dict[str, str] = {
         "`\"gpipe\"` (fill-drain in torchgpipe's clock order), `\"1f1b\"`, `\"1f1b*\"` (MadPipe's "
         "in-flight counts), or `\"interleaved\"` (Megatron's interleaved 1F1B: `virtual_stages` "
         "stages per device placed looping, a bubble of (p-1)/(v·m + p-1) instead of "
-        "(p-1)/(m + p-1) for v times the transfers). Not given: `\"gpipe\"`, or `\"1f1b*\"` with "
-        "`partition=\"madpipe\"`. 1F1B and interleaved need the loss inside the compiled "
-        "function."),
+        "(p-1)/(m + p-1) for v times the transfers), or `\"zb-h1\"` (zero bubble's ZB-H1: each "
+        "backward split into B, the gradient sent back, and W, the weight gradients, deferred "
+        "into 1F1B's bubble; about a third of 1F1B's bubble when forward, B and W take alike, "
+        "the largest in-flight count of 1F1B's, later stages holding the inputs of deferred "
+        "W's). Not given: `\"gpipe\"`, or `\"1f1b*\"` with `partition=\"madpipe\"`. 1F1B, "
+        "interleaved and zb-h1 need the loss inside the compiled function."),
     "pipeline.virtual_stages": (
         "Stages per device, v, an int >= 0: 0 is 2 for `schedule=\"interleaved\"` and 1 otherwise; "
         "more than 1 only with `\"interleaved\"` (a `ConfigError` otherwise). The layers are cut "

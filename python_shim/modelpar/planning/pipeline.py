@@ -168,7 +168,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         microbatches: m (torch.chunk's rule may give fewer).
         batch_size: B, the full batch size.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"1f1b*"`` (``madpipe`` needs
-            ``"1f1b*"``) or ``"interleaved"``.
+            ``"1f1b*"``), ``"interleaved"`` or ``"zb-h1"`` (zero bubble's
+            ZB-H1, one stage per device).
         partition: ``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"`` or ``"madpipe"``.
         checkpoint: ``"always"``, ``"except_last"`` or ``"never"``.
         portals: skip values go straight to their readers (True) or through

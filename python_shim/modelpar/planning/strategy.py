@@ -49,7 +49,8 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
     size ``batch_size``: the one-device plan, each placer, and pipelines over
     schedules x micro-batches {N, 2N, 4N, ...} x partition methods x
     checkpoint modes (empty lists: every valid value, but ``"interleaved"``
-    only when ``schedules`` names it, with 2 stages per device: Note
+    and ``"zb-h1"`` only when ``schedules`` names them, interleaved with 2
+    stages per device: Note
     [Interleaved 1F1B in the search], passes/search/strategy_search.h).
     Candidates are planned
     in order of a lower bound and those that cannot beat the best found are

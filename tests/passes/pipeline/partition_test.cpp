@@ -83,6 +83,8 @@ TEST(ScheduleMemory, InFlightCountsPerSchedule) {
   EXPECT_EQ(activationsInFlight(PipelineSchedule::OneFOneB, 4, 2), (std::vector<int>{2, 2, 2, 1}));
   // Interleaved: 1F1B's count over the virtual stages (an approximation).
   EXPECT_EQ(activationsInFlight(PipelineSchedule::Interleaved, 4, 8), (std::vector<int>{4, 3, 2, 1}));
+  // ZB-H1 counted as 1F1B (a lower bound after stage 0: Note [ZB-H1]).
+  EXPECT_EQ(activationsInFlight(PipelineSchedule::ZeroBubbleH1, 4, 8), (std::vector<int>{4, 3, 2, 1}));
   std::vector<int> g{5, 3, 1};
   EXPECT_EQ(activationsInFlight(PipelineSchedule::OneFOneBStar, 3, 4, g), (std::vector<int>{4, 3, 1}));
   EXPECT_HAS(messageOf<ConfigError>([] { activationsInFlight(PipelineSchedule::OneFOneBStar, 3, 4); }),
@@ -567,6 +569,8 @@ TEST(Partition, RejectsBadOptionsAndPlansThatDoNotFit) {
   EXPECT_EQ(parsePipelineSchedule("1f1b*"), PipelineSchedule::OneFOneBStar);
   EXPECT_EQ(parsePipelineSchedule("interleaved"), PipelineSchedule::Interleaved);
   EXPECT_EQ(name(PipelineSchedule::Interleaved), "interleaved");
+  EXPECT_EQ(parsePipelineSchedule("zb-h1"), PipelineSchedule::ZeroBubbleH1);
+  EXPECT_EQ(name(PipelineSchedule::ZeroBubbleH1), "zb-h1");
   EXPECT_EQ(parsePipelineSchedule("x"), std::nullopt);
 }
 

@@ -180,6 +180,30 @@ TEST(StrategySearch, InterleavedIsSearchedOnlyWhenNamedWithTwoStagesPerDevice) {
   EXPECT_EQ(only.chosenCandidate().label(), "pipeline interleaved m=4 balance-time checkpoint=never");
 }
 
+// Note [Interleaved 1F1B in the search]: zb-h1 likewise is not among the
+// default schedules, and is planned when named.
+TEST(StrategySearch, ZeroBubbleH1IsSearchedOnlyWhenNamed) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  StrategySearchOptions o;
+  o.devices = 2;
+  o.batch_size = 8;
+  o.prune = false;
+  o.one_device = false;
+  o.placements = false;
+  o.microbatches = {4};
+  o.checkpoints = {"never"};
+  o.partitions = {"balance-time"};
+  StrategySearch all = searchStrategy(step, o);
+  for (const StrategyCandidate& c : all.candidates) EXPECT_NE(c.schedule, "zb-h1") << c.label();
+
+  o.schedules = {"1f1b", "zb-h1"};
+  StrategySearch s = searchStrategy(step, o);
+  ASSERT_EQ(s.candidates.size(), 2u);
+  for (const StrategyCandidate& c : s.candidates) EXPECT_EQ(c.status, CandidateStatus::Ok) << c.label();
+  ASSERT_TRUE(s.pipeline.has_value());
+  EXPECT_EQ(s.pipeline->schedule, "zb-h1");  // faster than 1F1B on the same stages
+}
+
 TEST(StrategySearch, CandidatesOverMemoryAreDroppedAndNoneFittingIsAnError) {
   ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
   StrategySearchOptions o;
