@@ -561,7 +561,7 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
     transformers = pytest.importorskip("transformers")
     import torch.nn.functional as F
 
-    def run(allow_random: bool | None = None) -> tuple[list[float], list[torch.Tensor]]:
+    def compiled(allow_random: bool | None = None):
         torch._dynamo.reset()
         torch.manual_seed(0)
         cfg = transformers.GPT2Config(vocab_size=64, n_positions=32, n_embd=32, n_layer=2,
@@ -574,6 +574,10 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
                      "pipeline": {"schedule": "1f1b", "microbatches": 4,
                                   **({} if allow_random is None
                                      else {"allow_random": allow_random})}})
+        return model, fast
+
+    def run(model, fast) -> tuple[list[float], list[torch.Tensor]]:
+        torch.manual_seed(0)
         losses = []
         for step in range(2):
             x = torch.randint(0, 64, (8, 16), generator=torch.Generator().manual_seed(step))
@@ -582,12 +586,19 @@ def test_a_pipelined_dropout_is_reproducible_under_manual_seed() -> None:
             losses.append(float(loss))
         return losses, [p.grad.clone() for p in model.parameters()]
 
-    first = run()
-    again = run()  # (before the fix, any two runs differed: each compile is ~20 s here)
+    # One compile run twice from the same parameters and seed (the race was
+    # between the workers of one run, not between compiles).
+    model, fast = compiled()
+    start = copy.deepcopy(model.state_dict())
+    first = run(model, fast)
+    model.load_state_dict(start)
+    model.zero_grad(set_to_none=True)
+    again = run(model, fast)
     assert again[0] == first[0]
     assert all(torch.equal(a, b) for a, b in zip(again[1], first[1]))
+    assert first[0][0] != first[0][1]  # the steps train (and draw) apart
     with pytest.raises(modelpar.UnsupportedOpError, match="native_dropout draws random numbers"):
-        run(allow_random=False)
+        run(*compiled(allow_random=False))
 
 
 def test_functional_samplers_are_random_ops_by_their_schema():

@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -38,34 +37,26 @@ import torch
 
 import modelpar
 from ci_sample import full_only
+from rank_processes import free_port, start_ranks
 from tolerances import Reordered
 
 WORKER = Path(__file__).with_name("dist_worker.py")
 LIMIT_S = 240  # the whole run of one scenario, compile included (2 slow cores)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(world: int, *args: str) -> list[tuple[int, dict | None, str]]:
     """Runs the scenario on `world` ranks; (exit code, RESULT, output) per rank.
-    The rendezvous store lives here, as torchrun's agent hosts it, so that it
-    outlives any rank (TORCHELASTIC_USE_AGENT_STORE: rank 0 connects to it
-    instead of hosting one)."""
+    The ranks are forked from a warm process (Note [Ranks forked from a warm
+    process] in rank_processes.py). The rendezvous store lives here, as
+    torchrun's agent hosts it, so that it outlives any rank
+    (TORCHELASTIC_USE_AGENT_STORE: rank 0 connects to it instead of hosting
+    one)."""
     import torch.distributed as dist
-    port = _free_port()
+    port = free_port()
     store = dist.TCPStore("127.0.0.1", port, world, is_master=True, wait_for_workers=False)
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "TORCHELASTIC_USE_AGENT_STORE": "True",
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER), *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    procs = start_ranks(world, WORKER, list(args), env)
     out = []
     try:
         for p in procs:
@@ -482,7 +473,7 @@ def test_the_torchrun_example_trains_like_eager(pipeline: str | None, meta: bool
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                          "--master-port", str(_free_port()), str(example), *args],
+                          "--master-port", str(free_port()), str(example), *args],
                          env=env, capture_output=True, text=True, timeout=LIMIT_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     got = [float(line.split()[-1]) for line in run.stdout.splitlines() if line.startswith("step ")]
@@ -769,7 +760,7 @@ def test_training_survives_a_killed_rank_by_resuming_from_its_last_checkpoint(tm
         # the agent (orphaned ranks would hold a core for the rest of the run).
         agent = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                                   "2", "--max-restarts", "1", "--rdzv-backend", "c10d",
-                                  "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+                                  "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
                                   str(example), "--pipeline", "1f1b", "--steps", "6",
                                   "--resume", str(folder), "--checkpoint-every", "2", *extra],
                                  env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

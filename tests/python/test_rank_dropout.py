@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
+
+from rank_processes import free_port, start_ranks
 
 WORKER = Path(__file__).with_name("dist_dropout_worker.py")
 LIMIT_S = 300
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(world: int) -> list[dict]:
-    port = _free_port()
-    procs = []
-    for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-        procs.append(subprocess.Popen([sys.executable, str(WORKER)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    # Ranks forked from a warm process (Note [Ranks forked from a warm
+    # process] in rank_processes.py).
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    procs = start_ranks(world, WORKER, [], env)
     results = []
     try:
         for rank, p in enumerate(procs):
