@@ -23,6 +23,7 @@ py::dict candidateDict(const passes::StrategyCandidate& c, bool chosen) {
   d["kind"] = c.kind;
   d["placer"] = c.placer;
   d["schedule"] = c.schedule;
+  d["virtual_stages"] = c.virtual_stages;
   d["partition"] = c.partition;
   d["checkpoint"] = c.checkpoint;
   d["microbatches"] = c.microbatches;
@@ -61,7 +62,7 @@ void bindSearch(py::module_& m) {
             }
             return out;
           },
-          "One dict per candidate (label, kind, placer, schedule, partition, checkpoint, "
+          "One dict per candidate (label, kind, placer, schedule, virtual_stages, partition, checkpoint, "
           "microbatches, status, step_us, peak_bytes, lower_bound_us, plan_seconds, reason, "
           "chosen), in enumeration order.")
       .def_property_readonly(
@@ -84,7 +85,8 @@ void bindSearch(py::module_& m) {
          std::vector<std::string> schedules, std::vector<std::string> partitions,
          std::vector<std::string> checkpoints, std::vector<int> microbatches, bool one_device,
          bool placements, bool pipelines, bool prune, double lp_time_limit_s,
-         std::vector<std::pair<int, double>> microbatch_launch_overhead_us) {
+         std::vector<std::pair<int, double>> microbatch_launch_overhead_us,
+         std::vector<int> virtual_stages) {
         passes::StrategySearchOptions o;
         o.microbatch_launch_overhead_us = std::move(microbatch_launch_overhead_us);
         o.devices = devices;
@@ -96,6 +98,7 @@ void bindSearch(py::module_& m) {
         o.portals = portals;
         o.placers = std::move(placers);
         o.schedules = std::move(schedules);
+        o.virtual_stages = std::move(virtual_stages);
         o.partitions = std::move(partitions);
         o.checkpoints = std::move(checkpoints);
         o.microbatches = std::move(microbatches);
@@ -115,6 +118,7 @@ void bindSearch(py::module_& m) {
       py::arg("partitions"), py::arg("checkpoints"), py::arg("microbatches"),
       py::arg("one_device"), py::arg("placements"), py::arg("pipelines"), py::arg("prune"),
       py::arg("lp_time_limit_s"), py::arg("microbatch_launch_overhead_us"),
+      py::arg("virtual_stages"),
       "passes::searchStrategy; see modelpar.search_strategy.");
 }
 

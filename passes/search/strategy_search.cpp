@@ -15,6 +15,7 @@
 #include "passes/cost/cost_model.h"
 #include "passes/option_names.h"
 #include "passes/pipeline/batch_symbol.h"
+#include "passes/pipeline/layer_order.h"
 
 namespace modelpar::passes {
 namespace {
@@ -42,20 +43,27 @@ StrategyCandidate candidate(std::string kind) {
   return c;
 }
 
-// The schedules to search: those named, else all but "interleaved" and
-// "zb-h1" (Note [Interleaved 1F1B in the search]).
-std::vector<std::string> searchedSchedules(const StrategySearchOptions& o) {
-  std::vector<std::string> s = orAll(o.schedules, kPipelineScheduleNames, "schedule");
-  if (o.schedules.empty()) {
-    std::erase(s, std::string("interleaved"));
-    std::erase(s, std::string("zb-h1"));
+// The stages per device searched for `schedule` (Note [Schedules in the
+// search]): 1 for a schedule of one stage per device; for "interleaved" the
+// v named, else those of kSearchedVirtualStages whose N·v stages the step's
+// `layers` can give (v = 2 whatever the layers when the schedule was named,
+// so that its failure says why; `layers` < 0: not known, v = 2).
+std::vector<int> searchedVirtualStages(const StrategySearchOptions& o, const std::string& schedule,
+                                       int layers) {
+  if (schedule != "interleaved") return {1};
+  if (!o.virtual_stages.empty()) return o.virtual_stages;
+  std::vector<int> vs;
+  for (int v : kSearchedVirtualStages) {
+    if (layers < 0 ? v == 2 : int64_t{v} * o.devices <= layers) vs.push_back(v);
   }
-  return s;
+  const bool named = std::find(o.schedules.begin(), o.schedules.end(), schedule) != o.schedules.end();
+  if (vs.empty() && named) vs.push_back(2);
+  return vs;
 }
 
 // 1. The candidates in enumeration order (strategy_search.h).
 std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t batch,
-                                         bool batched) {
+                                         bool batched, int layers) {
   std::vector<StrategyCandidate> out;
   if (o.one_device) out.push_back(candidate("one-device"));
   if (o.placements && o.devices >= 2) {
@@ -77,17 +85,29 @@ std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t
   }
   const auto partitions = orAll(o.partitions, kPartitionMethodNames, "partition");
   const auto checkpoints = orAll(o.checkpoints, kCheckpointModeNames, "checkpoint");
-  for (const std::string& s : searchedSchedules(o)) {
-    for (int m : ms) {
-      for (const std::string& part : partitions) {
-        if (part == "madpipe" && s != "1f1b*") continue;  // MadPipe's stages need its schedule
-        for (const std::string& ck : checkpoints) {
-          StrategyCandidate c = candidate("pipeline");
-          c.schedule = s;
-          c.partition = part;
-          c.checkpoint = ck;
-          c.microbatches = m;
-          out.push_back(std::move(c));
+  for (int v : o.virtual_stages) {
+    MP_CHECK(v >= 2 && v <= kMaxDevices / o.devices, ConfigError,
+             "modelpar {}: virtual_stages={} is not valid on {} devices; give stages per device "
+             "for schedule 'interleaved' from 2 to {}", kStrategySearchId, v, o.devices,
+             kMaxDevices / o.devices);
+  }
+  for (const std::string& s : orAll(o.schedules, kPipelineScheduleNames, "schedule")) {
+    for (int v : searchedVirtualStages(o, s, layers)) {
+      for (int m : ms) {
+        for (const std::string& part : partitions) {
+          if (part == "madpipe" && s != "1f1b*") continue;  // MadPipe's stages need its schedule
+          // It chooses how many stages to cut; interleaved needs exactly N·v
+          // (searched when named: Note [Schedules in the search]).
+          if (part == "balance-time-comm" && s == "interleaved" && o.partitions.empty()) continue;
+          for (const std::string& ck : checkpoints) {
+            StrategyCandidate c = candidate("pipeline");
+            c.schedule = s;
+            c.virtual_stages = v;
+            c.partition = part;
+            c.checkpoint = ck;
+            c.microbatches = m;
+            out.push_back(std::move(c));
+          }
         }
       }
     }
@@ -111,8 +131,9 @@ std::string StrategyCandidate::label() const {
   if (kind == "placement") return "placement " + placer;
   if (kind == "pipeline" && schedule.empty()) return "pipelines";
   if (kind == "pipeline") {
-    return fmt::format("pipeline {} m={} {} checkpoint={}", schedule, microbatches, partition,
-                       checkpoint);
+    return fmt::format("pipeline {}{} m={} {} checkpoint={}", schedule,
+                       virtual_stages > 1 ? fmt::format(" v={}", virtual_stages) : "",
+                       microbatches, partition, checkpoint);
   }
   return kind;
 }
@@ -143,7 +164,9 @@ std::string StrategySearch::table() const {
   for (size_t g = 0; g < groups.size(); ++g) {
     for (int i : groups[g].candidates) group_of[static_cast<size_t>(i)] = static_cast<int>(g);
   }
-  std::string out = fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}\n", "", "candidate",
+  size_t width = 9;  // "candidate"
+  for (const StrategyCandidate& c : candidates) width = std::max(width, c.label().size());
+  std::string out = fmt::format("{:<2}{:<{}} {:>10} {:>11} {:>11}  {}\n", "", "candidate", width,
                                 "step", "peak memory", "lower bound", "status");
   bool shared = false;
   for (size_t i = 0; i < candidates.size(); ++i) {
@@ -154,8 +177,8 @@ std::string StrategySearch::table() const {
       why = fmt::format(": reason [{}]", group_of[i] + 1);
       shared = true;
     }
-    out += fmt::format("{:<2}{:<62} {:>10} {:>11} {:>11}  {}{}\n",
-                       static_cast<int>(i) == chosen ? "*" : "", c.label(),
+    out += fmt::format("{:<2}{:<{}} {:>10} {:>11} {:>11}  {}{}\n",
+                       static_cast<int>(i) == chosen ? "*" : "", c.label(), width,
                        ok ? formatMicros(c.step_us) : "-", ok ? formatBytes(c.peak_bytes) : "-",
                        formatMicros(c.lower_bound_us), toString(c.status), why);
   }
@@ -207,11 +230,25 @@ PlacementOptions basePlacementOptions(const StrategySearchOptions& o, const Batc
   return base;
 }
 
+// The layers the step's pipelines are cut from (planPipeline's first pass),
+// which bounds the stages per device searched; -1 when there are no
+// pipelines to search or the layers cannot be ordered (planning says why).
+int layerCount(const ir::Graph& step, const StrategySearchOptions& o, const BatchOfStep& b) {
+  if (!o.pipelines || o.devices < 2 || b.symbol.empty()) return -1;
+  try {
+    return static_cast<int>(orderLayers(step).layers.size());
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error&) {
+    return -1;
+  }
+}
+
 // 1. The candidates (enumerate), and a failed one saying why there are no
 // pipelines when the step has no batch symbol.
 std::vector<StrategyCandidate> candidates(const StrategySearchOptions& o, int64_t batch,
-                                          const BatchOfStep& b) {
-  std::vector<StrategyCandidate> out = enumerate(o, batch, !b.symbol.empty());
+                                          const BatchOfStep& b, int layers) {
+  std::vector<StrategyCandidate> out = enumerate(o, batch, !b.symbol.empty(), layers);
   if (o.pipelines && o.devices >= 2 && b.symbol.empty()) {  // say why there are none
     StrategyCandidate c = candidate("pipeline");
     c.status = CandidateStatus::Failed;
@@ -276,6 +313,7 @@ PipelinePlanOptions pipelineOptions(const StrategyCandidate& c, const StrategySe
   po.batch_size = batch;
   po.microbatch = o.microbatch;
   po.schedule = c.schedule;
+  po.virtual_stages = c.virtual_stages > 1 ? c.virtual_stages : 0;  // 0: the schedule's own
   po.partition = c.partition;
   po.checkpoint = c.checkpoint;
   po.portals = o.portals;
@@ -398,7 +436,7 @@ StrategySearch searchStrategy(const ir::Graph& step, const StrategySearchOptions
   const PlacementOptions base = basePlacementOptions(o, b, batch);
   const DeviceModel machine = planMachine(base);  // checks devices, memory and machine
   StrategySearch result;
-  result.candidates = candidates(o, batch, b);
+  result.candidates = candidates(o, batch, b, layerCount(step, o, b));
   boundCandidates(step, machine, base, b.symbol, o, result);
   planInBoundOrder(step, o, base, machine, batch, result);
   result.seconds = secondsSince(t0);

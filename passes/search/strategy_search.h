@@ -6,12 +6,12 @@
 // Candidates, for a step graph with a symbolic batch of size B:
 //   one-device   the step on device 0 (planPlacement, devices = 1);
 //   placement    planPlacement with each placer of `placers` on N devices;
-//   pipeline     planPipeline for every schedule x micro-batch count
-//                m in {N, 2N, 4N, ...} (m <= B) x partition method x
-//                checkpoint mode (MadPipe's partition only with 1F1B*,
-//                the schedule it is made for); only with N >= 2. Interleaved
-//                1F1B only when `schedules` names it (then with its default
-//                2 stages per device; Note [Interleaved 1F1B in the search]).
+//   pipeline     planPipeline for every schedule x stages per device v
+//                (interleaved 1F1B only: Note [Schedules in the search]) x
+//                micro-batch count m in {N, 2N, 4N, ...} (m <= B) x
+//                partition method x checkpoint mode (MadPipe's partition
+//                only with 1F1B*, the schedule it is made for); only with
+//                N >= 2.
 // Each is planned and simulated; a candidate over its devices' memory
 // (PlanDoesNotFitError) or whose plan fails (a deadlocked or invalid
 // Program, a step that cannot be micro-batched) is dropped with the reason.
@@ -36,19 +36,24 @@
 // (counted as `pruned`). A step without a symbolic batch gets one
 // "pipelines" row saying why there are none.
 //
-// Note [Interleaved 1F1B in the search]: "interleaved" is left out of the
-// schedules searched by default and planned when named, e.g. schedules =
-// {"1f1b", "interleaved"}. It adds a third to the default search's candidates
-// (each planning twice as many stages), for a schedule whose partition counts
-// memory by an approximation (partition.cpp, activationsInFlight) and whose
-// runs under strategy="auto" the Python suites have not exercised yet; on
-// the small steps of the tests (skip_step_symbolic on 2 devices) it was
-// never the fastest. Its virtual_stages is not searched: 2. "zb-h1" is left
-// out likewise and planned when named: its partition counts memory as
-// 1F1B's, a lower bound for stages after the first (they keep the inputs of
-// deferred W's, Note [ZB-H1] in passes/pipeline/schedule_zero_bubble.cpp),
-// the Python suites run it only eagerly-compared under a manual plan, and
-// another 1F1B-sized set of candidates would add a fifth to the search.
+// Note [Schedules in the search]: every schedule of kPipelineScheduleNames
+// is searched unless `schedules` names some. Interleaved 1F1B adds a
+// dimension, its stages per device v: those named in `virtual_stages`, else
+// each v of kSearchedVirtualStages (2 and 3) for which the step has at least
+// N·v layers (orderLayers, planPipeline's first pass, counts them once before
+// the search), so a small model is not offered candidates that can only fail
+// to cut; named with no v that fits, v = 2 is planned and its failure says
+// why. Its partitions are balance-time and balance-size unless `partitions`
+// names balance-time-comm, which chooses its own number of stages and so
+// cut fewer than N·v on most small steps. Larger v shrink the bubble ((p-1)/(v·m + p-1)) for v times the
+// transfers and are named when wanted. ZB-H1's partition counts memory as
+// 1F1B's, a lower bound for stages after the first (Note [ZB-H1] in
+// passes/pipeline/schedule_zero_bubble.cpp), interleaved's by an
+// approximation (partition.cpp, activationsInFlight): a candidate is kept or
+// dropped on the simulator's peak per device against the memory limit
+// (planPipeline checks it), never on the partition's estimate. Before issue
+// 35 these two were searched only when named; the lower bound prunes most of
+// their candidates once a 1F1B plan near the bound is found.
 //
 // Preconditions: `step` verifies; options.batch_size is set. Guarantees: the
 // caller's graph is not modified; every candidate appears in the result
@@ -80,6 +85,9 @@
 namespace modelpar::passes {
 
 inline constexpr std::string_view kStrategySearchId = "strategy-search";
+/// Interleaved 1F1B's stages per device searched when `virtual_stages` is
+/// empty (Note [Schedules in the search]).
+inline constexpr int kSearchedVirtualStages[] = {2, 3};
 
 struct StrategySearchOptions {
   /// Devices N (1..kMaxDevices).
@@ -95,10 +103,12 @@ struct StrategySearchOptions {
   /// batch norm, allow_random); microbatches and batch_size are set per candidate.
   MicrobatchOptions microbatch;
   bool portals = true;
-  /// What to enumerate; empty: every valid value (option_names.h), but for
-  /// schedules every one except "interleaved" and "zb-h1" (Note [Interleaved 1F1B in the
-  /// search]).
+  /// What to enumerate; empty: every valid value (option_names.h).
   std::vector<std::string> placers, schedules, partitions, checkpoints;
+  /// Interleaved 1F1B's stages per device, each >= 2; empty: those of
+  /// kSearchedVirtualStages the step's layers allow (Note [Schedules in the
+  /// search]).
+  std::vector<int> virtual_stages;
   /// Micro-batch counts; empty: N, 2N, 4N, ... up to B.
   std::vector<int> microbatches;
   /// Per micro-batch count m: the per-op overhead that pipelines of m
@@ -139,6 +149,7 @@ struct StrategyCandidate {
   std::string kind;  ///< "one-device", "placement" or "pipeline"
   std::string placer;                          ///< placement
   std::string schedule, partition, checkpoint; ///< pipeline
+  int virtual_stages = 1;                      ///< pipeline: stages per device (interleaved)
   int microbatches = 1;                        ///< pipeline: asked for
   CandidateStatus status = CandidateStatus::Pruned;
   double lower_bound_us = 0;
@@ -146,7 +157,8 @@ struct StrategyCandidate {
   int64_t peak_bytes = 0;  ///< simulated, the largest device's (Ok only)
   double plan_seconds = 0;
   std::string reason;      ///< why it was dropped or pruned
-  /// "one-device", "placement m-etf", "pipeline 1f1b m=8 madpipe checkpoint=never".
+  /// "one-device", "placement m-etf", "pipeline 1f1b m=8 madpipe checkpoint=never",
+  /// "pipeline interleaved v=2 m=4 balance-time checkpoint=never".
   std::string label() const;
 };
 

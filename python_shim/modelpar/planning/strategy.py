@@ -41,17 +41,18 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
                     batch_norm: str = "refuse", portals: bool = True,
                     placers: Sequence[str] = (), schedules: Sequence[str] = (),
                     partitions: Sequence[str] = (), checkpoints: Sequence[str] = (),
-                    microbatches: Sequence[int] = (), one_device: bool = True,
+                    microbatches: Sequence[int] = (), virtual_stages: Sequence[int] = (),
+                    one_device: bool = True,
                     placements: bool = True, pipelines: bool = True, prune: bool = True,
                     lp_time_limit_s: float = 5.0,
                     microbatch_launch_us: Mapping[int, float] | None = None) -> Any:
     """Searches the strategies for ``graph`` on ``devices`` devices at batch
     size ``batch_size``: the one-device plan, each placer, and pipelines over
     schedules x micro-batches {N, 2N, 4N, ...} x partition methods x
-    checkpoint modes (empty lists: every valid value, but ``"interleaved"``
-    and ``"zb-h1"`` only when ``schedules`` names them, interleaved with 2
-    stages per device: Note
-    [Interleaved 1F1B in the search], passes/search/strategy_search.h).
+    checkpoint modes (empty lists: every valid value), interleaved 1F1B
+    with each of ``virtual_stages`` stages per device (empty: 2 and 3 where
+    the step has N·v layers; Note [Schedules in the search],
+    passes/search/strategy_search.h).
     Candidates are planned
     in order of a lower bound and those that cannot beat the best found are
     skipped (``prune``). ``microbatch_launch_us``: {m: per-op overhead} that
@@ -77,6 +78,7 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
         raise ConfigError(f"modelpar strategy-search: batch_size={batch_size!r} is not valid; "
                           "batch_size takes an int >= 1 (the step is costed at it)")
     ms = [int(m) for m in microbatches]
+    vs = [int(v) for v in virtual_stages]
     launch = sorted((int(m), float(us)) for m, us in (microbatch_launch_us or {}).items())
     for m, us in launch:
         if m < 1 or not us >= 0 or us == float("inf"):
@@ -89,4 +91,4 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
         _names("placer", placers), _names("schedule", schedules),
         _names("partition", partitions), _names("checkpoint", checkpoints), ms,
         bool(one_device), bool(placements), bool(pipelines), bool(prune), float(lp_time_limit_s),
-        launch)
+        launch, vs)

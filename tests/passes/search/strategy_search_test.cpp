@@ -6,11 +6,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <string>
 
 #include "ir/error.h"
 #include "passes/lower/chrome_trace.h"
+#include "passes/option_names.h"
+#include "passes/pipeline/layer_order.h"
 #include "ir/parser.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
@@ -121,8 +124,11 @@ TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCh
   o.batch_size = 8;
   o.prune = false;
   StrategySearch s = searchStrategy(step, o);
-  // 1 + 3 placers + m in {2, 4, 8} x (gpipe, 1f1b: 3 partitions; 1f1b*: 4) x 3 checkpoints.
-  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u + 3u + 4u) * 3u);
+  // 1 + 3 placers + m in {2, 4, 8} x (gpipe, 1f1b, zb-h1: 3 partitions;
+  // 1f1b*: 4; interleaved per v: 2, not balance-time-comm) x 3 checkpoints;
+  // v = 2, and 3 when the step has 6 layers.
+  const size_t vs = orderLayers(step).layers.size() >= 6 ? 2 : 1;
+  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u * 3u + 4u + 2u * vs) * 3u);
   double best = std::numeric_limits<double>::infinity();
   int pipelines_ok = 0;
   for (const StrategyCandidate& c : s.candidates) {
@@ -147,10 +153,13 @@ TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCh
   EXPECT_DOUBLE_EQ(pruned.chosenCandidate().step_us, best);
 }
 
-// Note [Interleaved 1F1B in the search]: not among the default schedules;
-// named, planned with 2 stages per device like any other schedule.
-TEST(StrategySearch, InterleavedIsSearchedOnlyWhenNamedWithTwoStagesPerDevice) {
+// Note [Schedules in the search]: interleaved 1F1B is searched by default
+// with each v of {2, 3} whose N·v stages the layers allow, and with the v
+// named; zb-h1 by default too.
+TEST(StrategySearch, InterleavedIsSearchedWithTheStagesPerDeviceTheLayersAllow) {
   ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  const int layers = static_cast<int>(orderLayers(step).layers.size());
+  ASSERT_GE(layers, 4);  // v = 2 on 2 devices fits; v = 3 only if 6 layers
   StrategySearchOptions o;
   o.devices = 2;
   o.batch_size = 8;
@@ -159,30 +168,70 @@ TEST(StrategySearch, InterleavedIsSearchedOnlyWhenNamedWithTwoStagesPerDevice) {
   o.placements = false;
   o.microbatches = {4};
   o.checkpoints = {"never"};
+  o.partitions = {"balance-time"};
   StrategySearch all = searchStrategy(step, o);
-  for (const StrategyCandidate& c : all.candidates) EXPECT_NE(c.schedule, "interleaved") << c.label();
-
-  o.schedules = {"1f1b", "interleaved"};
-  StrategySearch s = searchStrategy(step, o);
-  ASSERT_EQ(s.candidates.size(), 6u);  // 2 schedules x 3 partitions (no madpipe)
-  for (const StrategyCandidate& c : s.candidates) {
+  std::vector<int> vs;
+  for (const StrategyCandidate& c : all.candidates) {
     SCOPED_TRACE(c.label() + ": " + c.reason);
     EXPECT_EQ(c.status, CandidateStatus::Ok);
-    EXPECT_GE(c.step_us, c.lower_bound_us * (1 - 1e-9));
+    if (c.schedule == "interleaved") vs.push_back(c.virtual_stages);
+    else EXPECT_EQ(c.virtual_stages, 1);
   }
+  std::vector<int> expected{2};
+  if (layers >= 6) expected.push_back(3);
+  EXPECT_EQ(vs, expected);
+  // Every schedule, once each (interleaved once per v).
+  EXPECT_EQ(all.candidates.size(), std::size(kPipelineScheduleNames) - 1 + expected.size());
+
   o.schedules = {"interleaved"};
-  o.partitions = {"balance-time"};
   StrategySearch only = searchStrategy(step, o);
   ASSERT_TRUE(only.pipeline.has_value());
   EXPECT_EQ(only.pipeline->schedule, "interleaved");
   EXPECT_EQ(only.pipeline->virtual_stages, 2);
   EXPECT_EQ(only.pipeline->partition.stage_device, (std::vector<int>{0, 1, 0, 1}));
-  EXPECT_EQ(only.chosenCandidate().label(), "pipeline interleaved m=4 balance-time checkpoint=never");
+  EXPECT_EQ(only.candidates.front().label(),
+            "pipeline interleaved v=2 m=4 balance-time checkpoint=never");
+
+  // Named counts are planned whatever the layers: more stages than layers
+  // fail, saying why.
+  o.virtual_stages = {2, layers};
+  StrategySearch named = searchStrategy(step, o);
+  ASSERT_EQ(named.candidates.size(), 2u);
+  EXPECT_EQ(named.candidates[0].status, CandidateStatus::Ok);
+  EXPECT_EQ(named.candidates[1].virtual_stages, layers);
+  EXPECT_EQ(named.candidates[1].status, CandidateStatus::Failed);
+  EXPECT_HAS(named.candidates[1].reason, "cannot be cut into devices=2 x virtual_stages=");
+
+  o.virtual_stages = {1};
+  EXPECT_HAS(messageOf<ConfigError>([&] { searchStrategy(step, o); }),
+             "virtual_stages=1 is not valid on 2 devices; give stages per device for schedule "
+             "'interleaved' from 2 to 32");
 }
 
-// Note [Interleaved 1F1B in the search]: zb-h1 likewise is not among the
-// default schedules, and is planned when named.
-TEST(StrategySearch, ZeroBubbleH1IsSearchedOnlyWhenNamed) {
+// A step too small for N·2 stages gets no interleaved candidate unless
+// interleaved is named, then one that fails saying why.
+TEST(StrategySearch, InterleavedIsLeftOutWhenTheLayersCannotGiveTwoStagesPerDevice) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  const int layers = static_cast<int>(orderLayers(step).layers.size());
+  StrategySearchOptions o;
+  o.devices = (layers + 1) / 2;  // N·2 > layers >= N
+  o.batch_size = 8;
+  o.prune = false;
+  o.one_device = false;
+  o.placements = false;
+  o.microbatches = {o.devices};
+  o.checkpoints = {"never"};
+  o.partitions = {"balance-time"};
+  ASSERT_GE(o.devices, 2);
+  StrategySearch all = searchStrategy(step, o);
+  for (const StrategyCandidate& c : all.candidates) EXPECT_NE(c.schedule, "interleaved") << c.label();
+  o.schedules = {"interleaved"};
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { searchStrategy(step, o); }),
+             "virtual_stages=2");
+}
+
+// zb-h1 is searched by default and, on the same stages, beats 1F1B.
+TEST(StrategySearch, ZeroBubbleH1IsSearchedByDefaultAndBeatsOneFOneB) {
   ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
   StrategySearchOptions o;
   o.devices = 2;
@@ -194,7 +243,10 @@ TEST(StrategySearch, ZeroBubbleH1IsSearchedOnlyWhenNamed) {
   o.checkpoints = {"never"};
   o.partitions = {"balance-time"};
   StrategySearch all = searchStrategy(step, o);
-  for (const StrategyCandidate& c : all.candidates) EXPECT_NE(c.schedule, "zb-h1") << c.label();
+  const auto zb = std::find_if(all.candidates.begin(), all.candidates.end(),
+                               [](const StrategyCandidate& c) { return c.schedule == "zb-h1"; });
+  ASSERT_NE(zb, all.candidates.end());
+  EXPECT_EQ(zb->status, CandidateStatus::Ok) << zb->reason;
 
   o.schedules = {"1f1b", "zb-h1"};
   StrategySearch s = searchStrategy(step, o);
@@ -202,6 +254,7 @@ TEST(StrategySearch, ZeroBubbleH1IsSearchedOnlyWhenNamed) {
   for (const StrategyCandidate& c : s.candidates) EXPECT_EQ(c.status, CandidateStatus::Ok) << c.label();
   ASSERT_TRUE(s.pipeline.has_value());
   EXPECT_EQ(s.pipeline->schedule, "zb-h1");  // faster than 1F1B on the same stages
+  EXPECT_LT(s.candidates[1].step_us, s.candidates[0].step_us);
 }
 
 TEST(StrategySearch, CandidatesOverMemoryAreDroppedAndNoneFittingIsAnError) {
