@@ -8,17 +8,17 @@ Scenarios:
       (tests/python/models.py, or "zoo:NAME": a transformers model of
       tests/python/zoo.py, its loss computed inside the model, or
       "graph-breaks": models.GraphBroken, cut into four graphs by Dynamo),
-      compiled with devices="world" (or a pipeline over the ranks: "gpipe" /
-      "1f1b"; "none"), against eager in this process: the loss of each step,
-      every gradient (summed over ranks: each exists on its owner only) and
-      the parameters after STEPS momentum-SGD steps, then one inference
-      (no_grad) step. With "release", the parameters other ranks own are
-      released after step 0 (filled with NaN: never read). With "clip", the
-      gradients are clipped every step (modelpar.clip_grad_norm_ against
-      torch.nn.utils.clip_grad_norm_ in eager). With "meta", the
-      model is built on the meta device and materialized (each rank
-      initialises only what it owns); eager is the same model materialized
-      whole in this process.
+      compiled with devices="world" (or a pipeline over the ranks: "gpipe",
+      "1f1b", "1f1b*", "interleaved", "zb-h1"; "none"), against eager in this
+      process: the loss of each step, every gradient (summed over ranks: each
+      exists on its owner only) and the parameters after STEPS momentum-SGD
+      steps, then one inference (no_grad) step. With "release", the parameters
+      other ranks own are released after step 0 (filled with NaN: never read).
+      With "clip", the gradients are clipped every step
+      (modelpar.clip_grad_norm_ against torch.nn.utils.clip_grad_norm_ in
+      eager). With "meta", the model is built on the meta device and
+      materialized (each rank initialises only what it owns); eager is the
+      same model materialized whole in this process.
   loop twice|accumulate PIPELINE  the GPT trained as loops are written:
       the model alone called on two batches before one backward, or two
       backward calls per update; gradients summed over ranks against eager.
@@ -324,6 +324,8 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
             replayed=replayed,
             reverse_group=bool(mp_dist._reverse_groups),
             plan=str(modelpar.plans()[-1].runs_on), plans=[p.runs_on for p in modelpar.plans()],
+            stages=[[p.pipeline.schedule, list(p.pipeline.stage_device)]
+                    for p in modelpar.plans() if p.pipeline is not None],
             released=released, inference=inference, rehomed=rehomed, norms=norms, scales=scales,
             traced=traced, materialized=materialized)
 

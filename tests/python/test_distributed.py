@@ -6,8 +6,9 @@ tests/python/dist_worker.py, every wait bounded.
 - m-ETF training of the test models over 2 and 4 ranks equals eager in one
   process: the loss of each of 3 momentum-SGD steps, every gradient (summed
   over the ranks: each exists on exactly one) and the parameters after;
-- so does pipelined training (GPipe, 1F1B, 1F1B*; checkpointing except the
-  last stage, the default), stage s on rank s, also when
+- so does pipelined training (GPipe, 1F1B, 1F1B*, ZB-H1; checkpointing except
+  the last stage, the default), stage s on rank s, and interleaved 1F1B
+  (2 stages per rank, stage s on rank s % world), also when
   each rank has released (NaN-filled) the parameters other ranks own;
 - so do real models (transformers' Llama, GPT-2, BERT, T5, ViT, ResNet),
   placed and pipelined, and every model's inference graph (no_grad), whose
@@ -204,12 +205,21 @@ def test_a_model_with_graph_breaks_trains_over_ranks_like_eager(schedule: str) -
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "gpipe"), (2, "mlp", "1f1b"),
                                                  (2, "mlp", "1f1b*"), full_only(4, "gpt", "gpipe"),
-                                                 full_only(4, "gpt", "1f1b")])
+                                                 full_only(4, "gpt", "1f1b"),
+                                                 (2, "gpt", "interleaved"),
+                                                 full_only(2, "mlp", "zb-h1")])
 def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, schedule: str) -> None:
+    # "interleaved": v=2 stages per rank (4 stages of the GPT over 2 ranks,
+    # stage s on rank s % 2); "zb-h1": each backward split into B and W.
     results = _all_ok(_launch(world, "train", case, "3", schedule))
     assert all(r["losses"] == results[0]["losses"] for r in results)
     assert all("pipeline" in r["plan"] for r in results)
-    # Stage s on rank s: every rank owns parameters.
+    # The training step's pipeline ran the schedule asked for, its stages
+    # placed as the schedule places them.
+    placed = list(range(world)) * (2 if schedule == "interleaved" else 1)
+    for r in results:
+        assert [schedule, placed] in r["stages"], r["stages"]
+    # Stage s on rank s (s % world interleaved): every rank owns parameters.
     assert all(r["owned"] for r in results), [r["owned"] for r in results]
     # The MLP's forward-only partition cuts its layers elsewhere: fc2 moves
     # home, and the plan plans() reports for it says so (the worker checks
