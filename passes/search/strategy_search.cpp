@@ -44,21 +44,29 @@ StrategyCandidate candidate(std::string kind) {
 }
 
 // The stages per device searched for `schedule` (Note [Schedules in the
-// search]): 1 for a schedule of one stage per device; for "interleaved" the
-// v named, else those of kSearchedVirtualStages whose N·v stages the step's
-// `layers` can give (v = 2 whatever the layers when the schedule was named,
-// so that its failure says why; `layers` < 0: not known, v = 2).
+// search]): 1 for a schedule of one stage per device, 2 for zb-v's V; for
+// "interleaved" the v named, else those of kSearchedVirtualStages
+// whose N·v stages the step's `layers` can give; zb-v when its 2N stages
+// fit. A schedule named is planned whatever the layers (v = 2), so that its
+// failure says why; `layers` < 0: not known, v = 2.
 std::vector<int> searchedVirtualStages(const StrategySearchOptions& o, const std::string& schedule,
                                        int layers) {
+  const bool named = std::find(o.schedules.begin(), o.schedules.end(), schedule) != o.schedules.end();
+  auto fits = [&](int v) { return layers < 0 || int64_t{v} * o.devices <= layers; };
+  if (schedule == "zb-v") return named || fits(2) ? std::vector<int>{2} : std::vector<int>{};
   if (schedule != "interleaved") return {1};
   if (!o.virtual_stages.empty()) return o.virtual_stages;
   std::vector<int> vs;
   for (int v : kSearchedVirtualStages) {
-    if (layers < 0 ? v == 2 : int64_t{v} * o.devices <= layers) vs.push_back(v);
+    if (layers < 0 ? v == 2 : fits(v)) vs.push_back(v);
   }
-  const bool named = std::find(o.schedules.begin(), o.schedules.end(), schedule) != o.schedules.end();
   if (vs.empty() && named) vs.push_back(2);
   return vs;
+}
+
+// Several stages per device: the partition must cut exactly N·v stages.
+bool severalStagesPerDevice(const std::string& schedule) {
+  return schedule == "interleaved" || schedule == "zb-v";
 }
 
 // 1. The candidates in enumeration order (strategy_search.h).
@@ -96,9 +104,11 @@ std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t
       for (int m : ms) {
         for (const std::string& part : partitions) {
           if (part == "madpipe" && s != "1f1b*") continue;  // MadPipe's stages need its schedule
-          // It chooses how many stages to cut; interleaved needs exactly N·v
-          // (searched when named: Note [Schedules in the search]).
-          if (part == "balance-time-comm" && s == "interleaved" && o.partitions.empty()) continue;
+          // It chooses how many stages to cut; interleaved and zb-v need
+          // exactly N·v (searched when named: Note [Schedules in the search]).
+          if (part == "balance-time-comm" && severalStagesPerDevice(s) && o.partitions.empty()) {
+            continue;
+          }
           for (const std::string& ck : checkpoints) {
             StrategyCandidate c = candidate("pipeline");
             c.schedule = s;

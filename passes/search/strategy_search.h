@@ -43,9 +43,10 @@
 // N·v layers (orderLayers, planPipeline's first pass, counts them once before
 // the search), so a small model is not offered candidates that can only fail
 // to cut; named with no v that fits, v = 2 is planned and its failure says
-// why. Its partitions are balance-time and balance-size unless `partitions`
-// names balance-time-comm, which chooses its own number of stages and so
-// cut fewer than N·v on most small steps. Larger v shrink the bubble ((p-1)/(v·m + p-1)) for v times the
+// why; zb-v (2 stages per device in a V) likewise when the step has 2N
+// layers or zb-v is named. Their partitions are balance-time and
+// balance-size unless `partitions` names balance-time-comm, which chooses
+// its own number of stages and so cut fewer than N·v on most small steps. Larger v shrink the bubble ((p-1)/(v·m + p-1)) for v times the
 // transfers and are named when wanted. ZB-H1's partition counts memory as
 // 1F1B's, a lower bound for stages after the first (Note [ZB-H1] in
 // passes/pipeline/schedule_zero_bubble.cpp), interleaved's by an
