@@ -49,6 +49,7 @@ std::vector<std::string> searchedSchedules(const StrategySearchOptions& o) {
   if (o.schedules.empty()) {
     std::erase(s, std::string("interleaved"));
     std::erase(s, std::string("zb-h1"));
+    std::erase(s, std::string("zb-v"));
   }
   return s;
 }

@@ -48,12 +48,11 @@ def search_strategy(graph: Graph | str | os.PathLike[str], devices: int, batch_s
     """Searches the strategies for ``graph`` on ``devices`` devices at batch
     size ``batch_size``: the one-device plan, each placer, and pipelines over
     schedules x micro-batches {N, 2N, 4N, ...} x partition methods x
-    checkpoint modes (empty lists: every valid value, but ``"interleaved"``
-    and ``"zb-h1"`` only when ``schedules`` names them, interleaved with 2
-    stages per device: Note
-    [Interleaved 1F1B in the search], passes/search/strategy_search.h).
-    Candidates are planned
-    in order of a lower bound and those that cannot beat the best found are
+    checkpoint modes (empty lists: every valid value, but ``"interleaved"``,
+    ``"zb-h1"`` and ``"zb-v"`` only when ``schedules`` names them, interleaved
+    and zb-v with 2 stages per device: Note [Interleaved 1F1B in the
+    search], passes/search/strategy_search.h). Candidates are planned in
+    order of a lower bound and those that cannot beat the best found are
     skipped (``prune``). ``microbatch_launch_us``: {m: per-op overhead} that
     pipelines of m micro-batches are planned with instead of the machine's
     (strategy="auto" measures it: Note [The searched step]).
