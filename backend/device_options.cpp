@@ -60,11 +60,15 @@ void checkPipeline(const PipelineOptions& p) {
   passes::checkOneOf("options", "loss_reduction", p.loss_reduction, passes::kLossReductionNames);
   MP_RT_CHECK(p.virtual_stages >= 0, ConfigError, "modelpar options: pipeline['virtual_stages']=",
               p.virtual_stages, " is not valid; virtual_stages takes an int >= 0 (0: 2 for "
-              "schedule 'interleaved', 1 otherwise)");
-  MP_RT_CHECK(p.virtual_stages <= 1 || p.schedule == "interleaved", ConfigError,
+              "schedule 'interleaved' and 'zb-v', 1 otherwise)");
+  MP_RT_CHECK(p.schedule != "zb-v" || p.virtual_stages == 0 || p.virtual_stages == 2, ConfigError,
+              "modelpar options: pipeline['virtual_stages']=", p.virtual_stages, " is not valid; "
+              "schedule 'zb-v' runs exactly 2 stages per device, placed in a V: give "
+              "virtual_stages=2 or leave it unset");
+  MP_RT_CHECK(p.virtual_stages <= 1 || p.schedule == "interleaved" || p.schedule == "zb-v", ConfigError,
               "modelpar options: pipeline['virtual_stages']=", p.virtual_stages, " is not valid; "
               "virtual_stages takes more than 1 only with schedule 'interleaved' (got '",
-              p.schedule, "')");
+              p.schedule, "'), or exactly 2 with 'zb-v'");
   MP_RT_CHECK(p.partition != "madpipe" || p.schedule == "1f1b*", ConfigError,
               "modelpar options: pipeline['partition']='madpipe' is not valid; partition takes "
               "'madpipe' only with schedule '1f1b*' (MadPipe's schedule for the stages it makes)");

@@ -23,9 +23,10 @@ inline constexpr int kMaxDevices = 64;
 inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
 /// `schedule`: torchgpipe's clock-cycle GPipe, PipeDream's 1F1B, MadPipe's 1F1B*,
 /// Megatron-LM's interleaved 1F1B (virtual_stages chunks per device), zero
-/// bubble's ZB-H1 (backward split into B and W, Qi et al. 2024).
+/// bubble's ZB-H1 (backward split into B and W, Qi et al. 2024) and ZB-V (the
+/// same split, 2 stages per device placed in a V).
 inline constexpr std::string_view kPipelineScheduleNames[] = {"gpipe", "1f1b", "1f1b*",
-                                                              "interleaved", "zb-h1"};
+                                                              "interleaved", "zb-h1", "zb-v"};
 /// `partition`: balance compute time, balance memory, balance compute time
 /// with the transfer time of every cut (PipeDream's straight-pipeline DP,
 /// no stage replication), MadPipe's memory-aware DP.

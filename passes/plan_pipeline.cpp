@@ -21,20 +21,25 @@ namespace modelpar::passes {
 namespace {
 
 // PipelinePlanOptions::virtual_stages resolved: 0 is 2 for "interleaved"
-// (Megatron's smallest interleaving), 1 otherwise.
+// (Megatron's smallest interleaving) and "zb-v" (its V), 1 otherwise.
 int virtualStages(const PipelinePlanOptions& o) {
   if (o.virtual_stages > 0) return o.virtual_stages;
-  return o.schedule == "interleaved" ? 2 : 1;
+  return o.schedule == "interleaved" || o.schedule == "zb-v" ? 2 : 1;
 }
 
 void checkVirtualStages(const PipelinePlanOptions& o) {
   MP_CHECK(o.virtual_stages >= 0, ConfigError,
            "modelpar {}: virtual_stages={} is not valid; it takes an int >= 0 (0: 2 for "
-           "schedule='interleaved', 1 otherwise)", kPlanPipelineId, o.virtual_stages);
-  MP_CHECK(o.virtual_stages <= 1 || o.schedule == "interleaved", ConfigError,
+           "schedule='interleaved' and 'zb-v', 1 otherwise)", kPlanPipelineId, o.virtual_stages);
+  MP_CHECK(o.schedule != "zb-v" || o.virtual_stages == 0 || o.virtual_stages == 2, ConfigError,
+           "modelpar {}: virtual_stages={} is not valid with schedule='zb-v', which runs exactly "
+           "2 stages per device, placed in a V (Note [ZB-V]); give virtual_stages=2 or leave it "
+           "unset", kPlanPipelineId, o.virtual_stages);
+  MP_CHECK(o.virtual_stages <= 1 || o.schedule == "interleaved" || o.schedule == "zb-v", ConfigError,
            "modelpar {}: virtual_stages={} needs schedule='interleaved', the schedule that runs "
-           "several stages per device in turn (got schedule='{}'); give schedule='interleaved' or "
-           "leave virtual_stages unset", kPlanPipelineId, o.virtual_stages, o.schedule);
+           "several stages per device in turn (got schedule='{}'); give schedule='interleaved' "
+           "(or 'zb-v' for 2, placed in a V) or leave virtual_stages unset", kPlanPipelineId,
+           o.virtual_stages, o.schedule);
   // The partition cuts devices x v stages (checkDevices' range for its devices).
   MP_CHECK(o.virtual_stages <= kMaxDevices / o.devices, ConfigError,
            "modelpar {}: virtual_stages={} on devices={} makes {} stages; at most {} stages are "
@@ -123,6 +128,9 @@ double PipelinePlan::idealSpeedup() const {
   const double v = virtual_stages, p = n / v;  // v = 1: n·m / (m + n - 1)
   // ZB-H1 with T_F = T_B = T_W: (p-1) idle slots in 3m + (p-1) (Note [ZB-H1]).
   if (schedule == "zb-h1") return n * 3 * m / (3 * m + n - 1);
+  // ZB-V with T_F = T_B = T_W per stage: 6m busy in max(6m + p-1, 4(m+p) - 2)
+  // (Note [ZB-V]).
+  if (schedule == "zb-v") return p * 6 * m / std::max(6 * m + p - 1, 4 * (m + p) - 2);
   return n * m / (v * m + p - 1);
 }
 
@@ -144,7 +152,8 @@ std::string PipelinePlan::summary() const {
       "partition {}, checkpoint {}, {}\n",
       numStages(), program.numDevices(), microbatch_sizes.size(),
       microbatch_sizes.empty() ? 0 : microbatch_sizes.front(), schedule,
-      virtual_stages > 1 ? fmt::format(" (v={} stages per device, placed looping)", virtual_stages)
+      virtual_stages > 1 ? fmt::format(" (v={} stages per device, placed {})", virtual_stages,
+                                       schedule == "zb-v" ? "in a V" : "looping")
                          : std::string(),
       partition.method, checkpoint, portals ? "portals" : "skips relayed stage by stage");
   if (numStages() < machine.numDevices()) {
@@ -182,7 +191,8 @@ std::string PipelinePlan::summary() const {
       "  simulated step {} (one device {}): speed-up {:.2f}x, ideal {:.2f}x "
       "({}), bubble {:.1f} %\n",
       formatMicros(stepTimeUs()), formatMicros(single_device_us), speedup(), idealSpeedup(),
-      virtual_stages > 1      ? "p·v·m/(v·m+p-1)"
+      schedule == "zb-v"      ? "p·6m/max(6m+p-1, 4(m+p)-2), F=B=W"
+      : virtual_stages > 1    ? "p·v·m/(v·m+p-1)"
       : schedule == "zb-h1"   ? "n·3m/(3m+n-1), F=B=W"
                               : "n·m/(m+n-1)",
       100.0 * bubbleFraction());
@@ -245,33 +255,40 @@ LayerChain chainOfOneMicrobatch(PassRunner& timer, const ir::Graph& step, const 
              kPlanPipelineId, step.name(), chain.size(), chain.size() == 1 ? "" : "s",
              names, o.devices, o.devices, chain.size());
   }
-  // Interleaved: v stages per device.
+  // Interleaved, ZB-V: v stages per device.
   const int v = plan.virtual_stages;
   MP_CHECK(chain.size() >= o.devices * v, ConfigError,
            "modelpar {}: graph @{} has {} layers, so it cannot be cut into devices={} x "
-           "virtual_stages={} = {} stages for schedule 'interleaved'; use virtual_stages={} or "
-           "fewer, fewer devices, or a model with more modules (the layers are the modules that "
-           "make the graph's nodes)",
-           kPlanPipelineId, step.name(), chain.size(), o.devices, v, o.devices * v,
-           chain.size() / o.devices);
+           "virtual_stages={} = {} stages for schedule '{}'; {}fewer devices, or a model with "
+           "more modules (the layers are the modules that make the graph's nodes)",
+           kPlanPipelineId, step.name(), chain.size(), o.devices, v, o.devices * v, o.schedule,
+           o.schedule == "zb-v" ? std::string("use ")
+                                : fmt::format("use virtual_stages={} or fewer, ", chain.size() / o.devices));
   return chain;
 }
 
-// 1b (interleaved 1F1B). The devices x v stages `cut` placed looping, stage s
-//     on device s % devices, and evaluated on those devices (the partition
-//     counted each stage's memory alone, without a limit).
-StagePartition loopStages(const LayerChain& chain, const StagePartition& cut, PartitionOptions po,
-                          int devices, int64_t capacity, int v) {
+// 1b (interleaved 1F1B, ZB-V). The devices x v stages `cut` placed looping,
+//     stage s on device s % devices, or for ZB-V in a V, stage s on device s
+//     for s < devices and 2·devices-1-s after (Note [ZB-V]), and evaluated
+//     on those devices (the partition counted each stage's memory alone,
+//     without a limit).
+StagePartition placeVirtualStages(const LayerChain& chain, const StagePartition& cut,
+                                  PartitionOptions po, int devices, int64_t capacity, int v,
+                                  const std::string& schedule) {
   const int stages = devices * v;
+  const bool vee = schedule == "zb-v";
   MP_CHECK(cut.numStages() == stages, ConfigError,
            "modelpar {}: partition='{}' cut the {} layers into {} stage{}, not the devices={} x "
-           "virtual_stages={} = {} that schedule 'interleaved' places looping (it leaves out "
-           "cuts whose transfers cost more than the compute they spread); use "
-           "partition='balance-time' or 'balance-size', which cut into exactly that many, or "
-           "fewer virtual stages", kPlanPipelineId, cut.method, chain.size(), cut.numStages(),
-           cut.numStages() == 1 ? "" : "s", devices, v, stages);
+           "virtual_stages={} = {} that schedule '{}' places {} (it leaves out cuts whose "
+           "transfers cost more than the compute they spread); use partition='balance-time' or "
+           "'balance-size', which cut into exactly that many, or {}", kPlanPipelineId,
+           cut.method, chain.size(), cut.numStages(), cut.numStages() == 1 ? "" : "s", devices, v,
+           stages, schedule, vee ? "in a V" : "looping",
+           vee ? "fewer devices" : "fewer virtual stages");
   std::vector<int> device(static_cast<size_t>(stages));
-  for (int s = 0; s < stages; ++s) device[static_cast<size_t>(s)] = s % devices;
+  for (int s = 0; s < stages; ++s) {
+    device[static_cast<size_t>(s)] = !vee ? s % devices : s < devices ? s : stages - 1 - s;
+  }
   po.devices = devices;
   po.memory_bytes = capacity;
   StagePartition p = evaluatePartition(chain, cut.stage_begin, device, po, cut.method);
@@ -279,10 +296,11 @@ StagePartition loopStages(const LayerChain& chain, const StagePartition& cut, Pa
     const auto worst = static_cast<size_t>(
         std::max_element(p.memory_bytes.begin(), p.memory_bytes.end()) - p.memory_bytes.begin());
     MP_THROW(PlanDoesNotFitError,
-             "modelpar {}: the {} plan of {} stages looped over {} devices needs {} on device {} "
-             "of {} under interleaved with virtual_stages={}; use fewer virtual stages, more "
-             "devices, more memory or checkpointing", kPlanPipelineId, cut.method, stages,
-             devices, formatBytes(p.memory_bytes[worst]), worst, formatBytes(capacity), v);
+             "modelpar {}: the {} plan of {} stages placed {} over {} devices needs {} on device "
+             "{} of {} under {} with virtual_stages={}; use {}more devices, more memory or "
+             "checkpointing", kPlanPipelineId, cut.method, stages, vee ? "in a V" : "looping",
+             devices, formatBytes(p.memory_bytes[worst]), worst, formatBytes(capacity), schedule,
+             v, vee ? "" : "fewer virtual stages, ");
   }
   return p;
 }
@@ -302,7 +320,7 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
   }
   const int64_t capacity = po.memory_bytes;
   const int v = plan.virtual_stages;
-  if (v > 1) {  // devices x v stages, their memory counted per device by loopStages
+  if (v > 1) {  // devices x v stages, their memory counted per device by placeVirtualStages
     po.devices = o.devices * v;
     po.memory_bytes = std::numeric_limits<int64_t>::max();
   }
@@ -315,7 +333,7 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
   po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
   plan.partition = timer.run("partition", [&] {
     StagePartition cut = partitionChain(plan.chain, po);
-    return v > 1 ? loopStages(plan.chain, cut, po, o.devices, capacity, v) : cut;
+    return v > 1 ? placeVirtualStages(plan.chain, cut, po, o.devices, capacity, v, o.schedule) : cut;
   });
   timer.last().detail = fmt::format("{} stages, period {}", plan.partition.numStages(),
                                     formatMicros(plan.partition.period_us));

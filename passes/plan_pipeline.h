@@ -11,8 +11,9 @@
 // the latest stage among the nodes it reads, else stage 0), the checkpoint
 // pass adds recompute copies, and the schedule pass orders each device's
 // tasks (GPipe, 1F1B, 1F1B* with the partition's in-flight counts,
-// interleaved 1F1B over devices x virtual_stages stages placed looping, or
-// ZB-H1 with each backward split into B and W) and
+// interleaved 1F1B over devices x virtual_stages stages placed looping,
+// ZB-H1 with each backward split into B and W, or ZB-V over devices x 2
+// stages placed in a V, backwards split likewise) and
 // lowers them to a Program with explicit sends per micro-batch. Values that
 // cross several stages go straight from producer to reader (portals) unless
 // `portals` is off (relayed stage by stage).
@@ -69,8 +70,10 @@ struct PipelinePlanOptions : PassRunnerOptions {
   MicrobatchOptions microbatch;
   std::string schedule = "gpipe";         ///< one of kPipelineScheduleNames
   /// Stages per device, v (>= 0): 0 is the default, 2 for "interleaved" and
-  /// 1 otherwise; more than 1 only with "interleaved", whose chain is cut
-  /// into devices x v stages, stage s on device s % devices.
+  /// "zb-v", 1 otherwise; more than 1 only with "interleaved", whose chain
+  /// is cut into devices x v stages, stage s on device s % devices, and
+  /// "zb-v", which takes only 2 (devices x 2 stages, stage s on device s for
+  /// s < devices and 2·devices-1-s after: Note [ZB-V]).
   int virtual_stages = 0;
   std::string partition = "balance-time"; ///< one of kPartitionMethodNames
   std::string checkpoint = "except_last"; ///< one of kCheckpointModeNames
@@ -129,7 +132,8 @@ struct PipelinePlan {
   /// The ideal speed-up of n uniform stages over m micro-batches with free
   /// transfers: GPipe/1F1B n·m / (m + n − 1); interleaved, n = p·v stages on
   /// p devices, p·v·m / (v·m + p − 1); ZB-H1 with forward, B and W alike,
-  /// n·3m / (3m + n − 1) (Note [ZB-H1]).
+  /// n·3m / (3m + n − 1) (Note [ZB-H1]); ZB-V likewise, n = 2p stages on p
+  /// devices, p·6m / max(6m + p − 1, 4(m + p) − 2) (Note [ZB-V]).
   double idealSpeedup() const;
   /// 1 − (compute busy summed over used devices) / (devices × step time).
   double bubbleFraction() const;

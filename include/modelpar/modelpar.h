@@ -65,8 +65,8 @@ void sync();
 /// run of each plan is checked against the unpipelined step.
 struct PipelineOptions {
   int microbatches = 4;                    // >= 1
-  std::string schedule = "gpipe";          // "gpipe", "1f1b", "1f1b*", "interleaved", "zb-h1"
-  int virtual_stages = 0;                  // >= 0; stages per device, > 1 only with "interleaved" (0: 2 for it, else 1)
+  std::string schedule = "gpipe";          // "gpipe", "1f1b", "1f1b*", "interleaved", "zb-h1", "zb-v"
+  int virtual_stages = 0;                  // >= 0; stages per device, > 1 only with "interleaved" or "zb-v" (only 2) (0: 2 for them, else 1)
   std::string partition = "balance-time";  // "balance-time", "balance-size", "balance-time-comm", "madpipe" (set schedule "1f1b*" with it: here the schedule is always given)
   std::string checkpoint = "except_last";  // "always", "except_last", "never"
   bool portals = true;

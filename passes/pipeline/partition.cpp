@@ -95,6 +95,7 @@ std::string_view name(PipelineSchedule s) {
     case PipelineSchedule::OneFOneBStar: return "1f1b*";
     case PipelineSchedule::Interleaved: return "interleaved";
     case PipelineSchedule::ZeroBubbleH1: return "zb-h1";
+    case PipelineSchedule::ZeroBubbleV: return "zb-v";
   }
   return "?";
 }
@@ -102,7 +103,8 @@ std::string_view name(PipelineSchedule s) {
 std::optional<PipelineSchedule> parsePipelineSchedule(std::string_view s) {
   for (auto k :
        {PipelineSchedule::GPipe, PipelineSchedule::OneFOneB, PipelineSchedule::OneFOneBStar,
-        PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1}) {
+        PipelineSchedule::Interleaved, PipelineSchedule::ZeroBubbleH1,
+        PipelineSchedule::ZeroBubbleV}) {
     if (name(k) == s) return k;
   }
   return std::nullopt;
@@ -181,8 +183,12 @@ std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int mic
     // deferred W's (Note [ZB-H1] in schedule_zero_bubble.cpp), a part of a
     // micro-batch's activations this count leaves out; the simulation of
     // the lowered Program gives the real peak, which planPipeline checks.
+    // ZB-V counted as 1F1B over its 2p stages: device d's order runs
+    // exactly 2p - d forwards of stage d and d + 1 of stage 2p-1-d before
+    // their first backward, and each W right after its B until the
+    // cool-down, which holds up to d more W inputs (Note [ZB-V]).
     if (s == PipelineSchedule::OneFOneB || s == PipelineSchedule::Interleaved ||
-        s == PipelineSchedule::ZeroBubbleH1) {
+        s == PipelineSchedule::ZeroBubbleH1 || s == PipelineSchedule::ZeroBubbleV) {
       k = std::min(microbatches, num_stages - i);
     }
     if (s == PipelineSchedule::OneFOneBStar) {

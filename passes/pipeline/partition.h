@@ -31,7 +31,9 @@
 // (buffers for activation + gradient at each cut it has), where g is
 //     GPipe m;  1F1B min(m, S - s) for stage s of S;  1F1B* min(m, group of s);
 //     interleaved 1F1B min(m, S - s) for virtual stage s of S = p·v (an approximation);
-//     ZB-H1 min(m, S - s), as 1F1B (a lower bound: Note [ZB-H1]).
+//     ZB-H1 min(m, S - s), as 1F1B (a lower bound: Note [ZB-H1]);
+//     ZB-V min(m, S - s) for stage s of S = 2p (its forwards before the
+//     first backward, Note [ZB-V]).
 // A device's memory is the sum over its stages. Capping g at m reflects a
 // pipeline flushed every m micro-batches; a large m gives the paper's stream.
 //
@@ -65,8 +67,10 @@ namespace modelpar::passes {
 
 inline constexpr std::string_view kPartitionPassId = "partition";
 
-enum class PipelineSchedule : uint8_t { GPipe, OneFOneB, OneFOneBStar, Interleaved, ZeroBubbleH1 };
-std::string_view name(PipelineSchedule s);  // gpipe 1f1b 1f1b* interleaved zb-h1
+enum class PipelineSchedule : uint8_t {
+  GPipe, OneFOneB, OneFOneBStar, Interleaved, ZeroBubbleH1, ZeroBubbleV
+};
+std::string_view name(PipelineSchedule s);  // gpipe 1f1b 1f1b* interleaved zb-h1 zb-v
 std::optional<PipelineSchedule> parsePipelineSchedule(std::string_view s);
 
 struct PartitionOptions {
@@ -156,7 +160,8 @@ std::vector<int> oneFOneBStarGroups(std::span<const double> stage_us,
 /// stages keeps under a schedule: GPipe m, 1F1B min(m, S - s), 1F1B*
 /// min(m, groups[s]) (groups needed only for 1F1B*), interleaved 1F1B
 /// min(m, S - s) over its S virtual stages, ZB-H1 min(m, S - s) (1F1B's
-/// count; both approximations: see the .cpp).
+/// count; both approximations: see the .cpp), ZB-V min(m, S - s) over its S
+/// = 2p stages.
 std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int microbatches,
                                      std::span<const int> groups = {});
 

@@ -53,10 +53,10 @@ void checkOneStagePerDevice(const Pipeline& P) {
 Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   const auto id = kSchedulePassId;
   MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*" || o.kind == "interleaved" ||
-               o.kind == "zb-h1",
+               o.kind == "zb-h1" || o.kind == "zb-v",
            ConfigError,
            "modelpar {}: unknown schedule '{}'; use \"gpipe\", \"1f1b\", \"1f1b*\", "
-           "\"interleaved\" or \"zb-h1\"", id, o.kind);
+           "\"interleaved\", \"zb-h1\" or \"zb-v\"", id, o.kind);
   MP_CHECK(!o.relay_skips, ConfigError,
            "modelpar {}: relay_skips rewrites the graph; call lowerPipeline (or relaySkips first)", id);
   const size_t nn = g.numNodes();
@@ -112,11 +112,12 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   }
   P.m = std::max(P.m, 1);
   if (o.kind == "interleaved") checkLoopingPlacement(P);
-  P.zero_bubble = o.kind == "zb-h1";
-  if (P.zero_bubble) checkOneStagePerDevice(P);
+  if (o.kind == "zb-h1") checkOneStagePerDevice(P);
+  if (o.kind == "zb-v") checkVPlacement(P);  // Note [ZB-V]
+  P.zero_bubble = o.kind == "zb-h1" || o.kind == "zb-v";
   P.warmup.assign(static_cast<size_t>(P.n), P.m);
   P.reverse_backward = o.kind == "gpipe";
-  if (o.kind == "1f1b" || P.zero_bubble) {
+  if (o.kind == "1f1b" || o.kind == "zb-h1") {
     for (int s = 0; s < P.n; ++s) P.warmup[static_cast<size_t>(s)] = std::clamp(P.n - s, 1, P.m);
   } else if (o.kind == "1f1b*") {
     MP_CHECK(o.in_flight.size() == static_cast<size_t>(P.n), ConfigError,
@@ -143,7 +144,7 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
     P.pattern = &pt;
   }
   P.task.assign(nn, -1);
-  // zb-h1: each backward task's W part (Note [Backward split]).
+  // zb-h1, zb-v: each backward task's W part (Note [Backward split]).
   const BackwardSplit split = P.zero_bubble ? splitBackward(g, P.stage) : BackwardSplit{};
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
@@ -208,6 +209,7 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
 //
 // 2. The task order of stage s (see the header's table).
 std::vector<int32_t> stageSequence(const Pipeline& P, int s) {
+  MP_INTERNAL_ASSERT(!P.interleaved && !P.v_shape, "schedule: stage lanes for a device-lane order");
   if (P.zero_bubble) return zeroBubbleSequence(P, s);  // Note [ZB-H1]
   std::vector<int32_t> seq;
   const int m = P.m, w = P.warmup[static_cast<size_t>(s)];
@@ -286,15 +288,17 @@ std::vector<int32_t> stageClock(const ir::Graph& g, const Pipeline& P, const Tas
 }
 
 // 3. Global clock (a lane per stage, or per device for interleaved 1F1B,
-// Note [Interleaved 1F1B]), then every task sorted by (tick, stage), or by
-// its start in the periodic pattern (Note [Lowering the periodic pattern]).
+// Note [Interleaved 1F1B], and ZB-V, Note [ZB-V]), then every task sorted by
+// (tick, stage), or by its start in the periodic pattern (Note [Lowering the
+// periodic pattern]).
 // A device runs at most one task per tick in its own lane, so sorting by tick
 // keeps each device's order.
 std::vector<int32_t> orderTasks(const ir::Graph& g, const Pipeline& P, const TaskNodes& tn) {
   std::vector<std::vector<int32_t>> lanes;
   std::vector<int32_t> tick;
-  if (P.interleaved) {
-    DeviceOrders o = interleavedOrders(g, P, taskEdges(g, P), tn.used);
+  if (P.interleaved || P.v_shape) {
+    DeviceOrders o = P.v_shape ? zbvOrders(g, P, taskEdges(g, P), tn.used)
+                               : interleavedOrders(g, P, taskEdges(g, P), tn.used);
     lanes = std::move(o.lanes);
     tick = std::move(o.tick);
   } else {

@@ -3,15 +3,15 @@
 // `lower` turns into a Program with explicit sends and receives per
 // micro-batch, for GPipe (seed 002 §3.2, Algorithm 1), 1F1B (algorithms.md
 // §5.2), MadPipe's 1F1B* (seed 004 §4.1), Megatron-LM's interleaved 1F1B
-// (Narayanan et al. 2021, §2.2.2) and zero bubble's ZB-H1 (Qi et al. 2024,
-// §3.1). The pipeline is an explicit
+// (Narayanan et al. 2021, §2.2.2) and zero bubble's ZB-H1 and ZB-V (Qi et
+// al. 2024, §3.1 and §6). The pipeline is an explicit
 // per-device program (seed 003), so the simulator and executors need nothing
 // new.
 //
 // Terms. m micro-batches (1 + the largest `mb`), n stages (the size of
 // device_of_stage, else 1 + the largest stage). A task is (stage, micro-batch,
 // F or B): the nodes with that `mb` on that stage, phase fwd (or none) for F,
-// bwd or recompute for B; under zb-h1 the backward is split into B, what the
+// bwd or recompute for B; under zb-h1 and zb-v the backward is split into B, what the
 // gradient sent to the previous stage needs, and W, the rest (weight
 // gradients and their sums; Note [Backward split], backward_split.h). In a
 // B task, recompute nodes come first (in graph
@@ -62,15 +62,33 @@
 //                       stage 2: F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3
 // With F = B = W = 1 and free transfers the step is 3m + (p-1) for m >= p
 // (1F1B's 3(m + p-1)): the paper's bubble (p-1)(T_F + T_B - T_W).
+// Per-device task order of zb-v: p devices, n = 2p stages placed in a V,
+// stage s on device s for s < p and on device 2p-1-s after (device d holds
+// chunk 0 = stage d and chunk 1 = stage 2p-1-d); B/W split as zb-h1; per
+// (chunk, kind) micro-batch counters from 0, m' = max(m, 2p-1), then the
+// tasks of micro-batches >= m dropped (Note [ZB-V] in schedule_zbv.cpp):
+//   warm-up   2(p-d)-1 x F0; d x (F1 F0); p-d x (F1 B1 W1)
+//   steady    while chunk 1 has fewer forwards than chunk 0 or chunk 0 has
+//             forwards left: F0 (if left), B0 W0, F1 B1 W1
+//   cool-down d x (B0 B1); p-d x (B0 W0); the W1's left; the W0's left
+// e.g. p=2, m=4 ("B3.1": stage 3's B of micro-batch 1):
+//   device 0: F0.0 F0.1 F0.2 F3.0 B3.0 W3.0 F3.1 B3.1 W3.1 F0.3 B0.0 W0.0
+//             F3.2 B3.2 W3.2 B0.1 W0.1 F3.3 B3.3 W3.3 B0.2 W0.2 B0.3 W0.3
+//   device 1: F1.0 F2.0 F1.1 F2.1 B2.0 W2.0 F1.2 B1.0 W1.0 F2.2 B2.1 W2.1
+//             F1.3 B1.1 W1.1 F2.3 B2.2 W2.2 B1.2 B2.3 B1.3 W1.2 W2.3 W1.3
+// With F = B = W = 1 per chunk and free transfers the step is
+// max(6m + p-1, 4(m + p) - 2), 6m + p-1 for m >= 2p-1 (1F1B on p stages of
+// two chunks: 6(m + p-1); zb-h1: 6m + 2(p-1)).
 //
 // Note [Global clock]
 // ~~~~~~~~~~~~~~~~~~~
 // Every task gets a clock tick: tick by tick, each stage starts its next task
 // if every task it reads from started at an earlier tick (data dependencies
-// between tasks come from the graph's edges); under interleaved 1F1B each
-// device does, in its own order (a lane per device instead of per stage),
-// and a task that waits forever is answered by a longer warm-up (Note
-// [Interleaved 1F1B]). For GPipe's forwards this is
+// between tasks come from the graph's edges); under interleaved 1F1B and
+// ZB-V each device does, in its own order (a lane per device instead of
+// per stage); a task that waits forever is answered by a longer warm-up
+// under interleaved 1F1B (Note [Interleaved 1F1B]), by a ConfigError under
+// ZB-V, whose order is fixed (Note [ZB-V]). For GPipe's forwards this is
 // torchgpipe's deterministic clock cycle: F(stage j, micro-batch i) at tick
 // i + j. Each device runs its stages' tasks sorted by (tick, stage), so a
 // device hosting several stages (MadPipe's special processor) interleaves
@@ -82,8 +100,10 @@
 // stage_of_node has one entry per node; every stage has a device; a forward
 // edge never goes to an earlier stage and a backward edge never to a later
 // one; no forward node reads a backward node; no micro-batch node reads a
-// final node; zb-h1: each stage on a device of its own; 1f1b*: in_flight has one entry >= 1 per stage, not increasing
-// along forward edges (after clamping to m); interleaved: device_of_stage[s]
+// final node; zb-h1: each stage on a device of its own; zb-v: n = 2p stages
+// with device_of_stage[s] == s for s < p and 2p-1-s after (the V); 1f1b*:
+// in_flight has one entry >= 1 per stage, not increasing along forward
+// edges (after clamping to m); interleaved: device_of_stage[s]
 // == s % p for each of the n = p·v stages; the task order is not circular
 // (e.g. chained cross-micro-batch dependencies under GPipe's reversed
 // backward order). Guarantees: checkPlacement holds; the lowered Program
@@ -126,12 +146,15 @@ struct PatternTimes {
 struct PipelineScheduleOptions {
   /// "gpipe" | "1f1b" | "1f1b*" | "interleaved" (v = n / p stages per
   /// device, placed looping: see device_of_stage) | "zb-h1" (one stage per
-  /// device, backwards split into B and W).
+  /// device, backwards split into B and W) | "zb-v" (2 stages per device
+  /// placed in a V, backwards split into B and W).
   std::string kind = "gpipe";
   /// Per NodeId, the stage that runs it (-1 allowed for shared nodes).
   std::vector<int32_t> stage_of_node;
   /// Per stage, its logical device; empty: stage i on device i.
   /// "interleaved": stage s on device s % p, p = 1 + the largest device.
+  /// "zb-v": n = 2p, stage s on device s for s < p, 2p-1-s after (no
+  /// default: give it).
   std::vector<int32_t> device_of_stage;
   /// 1f1b* only: per stage, the micro-batches it keeps in flight.
   std::vector<int> in_flight;

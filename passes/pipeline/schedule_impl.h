@@ -1,8 +1,9 @@
 // Internals of the `schedule` pass (schedule.h), shared by schedule.cpp (the
 // checks, each task's nodes, the global order, shared nodes, the projection
 // onto devices), schedule_clock.cpp (Note [Global clock]),
-// schedule_interleaved.cpp (interleaved 1F1B's device orders) and
-// schedule_zero_bubble.cpp (ZB-H1's stage orders). Not part of the API:
+// schedule_interleaved.cpp (interleaved 1F1B's device orders),
+// schedule_zero_bubble.cpp (ZB-H1's stage orders) and schedule_zbv.cpp
+// (ZB-V's placement and device orders). Not part of the API:
 // include passes/pipeline/schedule.h.
 #pragma once
 
@@ -20,8 +21,9 @@
 namespace modelpar::passes::schedule_detail {
 
 enum class Role : uint8_t { InTask, Shared, Final };
-/// Task kinds: forward, backward (all of it, or zb-h1's B part), and zb-h1's
-/// W part (Note [Backward split]; empty under the other schedules).
+/// Task kinds: forward, backward (all of it, or the B part under zb-h1 and
+/// zb-v), and the W part (Note [Backward split]; empty under the other
+/// schedules).
 inline constexpr int kF = 0, kB = 1, kW = 2, kKinds = 3;
 
 inline std::string_view kindName(int k) { return k == kF ? "F" : k == kB ? "B" : "W"; }
@@ -36,9 +38,13 @@ struct Pipeline {
   /// stage s is on device s % num_devices.
   bool interleaved = false;
   int virtual_stages = 1;
-  /// ZB-H1: backward tasks split into B and W (Note [Backward split]), each
-  /// stage in Note [ZB-H1]'s order.
+  /// ZB-H1 and ZB-V: backward tasks split into B and W (Note [Backward
+  /// split]); ZB-H1 runs each stage in Note [ZB-H1]'s order.
   bool zero_bubble = false;
+  /// ZB-V: n = 2p stages placed in a V (stage s on device s for s < p, on
+  /// device 2p-1-s after), the clock runs each device's order of Note
+  /// [ZB-V] (a lane per device); with zero_bubble, virtual_stages = 2.
+  bool v_shape = false;
   std::vector<int32_t> device_of_stage;
   std::vector<int> warmup;          // per stage, clamped to [1, m] (not used by interleaved)
   std::vector<Role> role;           // per node
@@ -105,5 +111,17 @@ DeviceOrders interleavedOrders(const ir::Graph& g, const Pipeline& P, const Task
 /// ZB-H1 (Note [ZB-H1] in schedule_zero_bubble.cpp): stage s's task order,
 /// B and W tasks of every micro-batch included (the caller drops empty ones).
 std::vector<int32_t> zeroBubbleSequence(const Pipeline& P, int s);
+
+/// ZB-V (Note [ZB-V] in schedule_zbv.cpp): checks that device_of_stage is
+/// the V over p = n/2 devices (ConfigError naming the stage, its device and
+/// the placement to give) and sets v_shape and virtual_stages.
+void checkVPlacement(Pipeline& P);
+
+/// ZB-V's device orders (Note [ZB-V]), tasks without nodes left out, run by
+/// the clock as they are (warmup: each device's forwards before its first
+/// backward). Throws ConfigError naming the blocked tasks when the graph's
+/// edges contradict them.
+DeviceOrders zbvOrders(const ir::Graph& g, const Pipeline& P, const TaskEdges& e,
+                       const std::vector<char>& used);
 
 }  // namespace modelpar::passes::schedule_detail

@@ -292,7 +292,7 @@ TEST(PlanPipeline, VirtualStagesErrorsNameTheOptionAndTheWayOut) {
   o = options("interleaved", "never", true, 2, 4);
   o.memory_bytes = {4096};
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
-             "stages looped over 2 devices needs");
+             "stages placed looping over 2 devices needs");
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
              "of 4.0 KiB under interleaved with virtual_stages=2; use fewer virtual stages");
 }

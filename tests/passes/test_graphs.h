@@ -1,7 +1,10 @@
 // Graph builders and machines shared by the tests of passes/ (not a test).
 #pragma once
 
+#include <fmt/format.h>
+
 #include <cstdint>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -76,6 +79,75 @@ inline ir::NodeId addTask(ir::Graph& g, const std::string& name, const std::vect
   g.node(n).cost = ir::Cost{time_us, bytes, temp, persistent};
   g.node(n).layer = layer;
   return n;
+}
+
+/// A micro-batched step and the stage of each of its nodes (per NodeId), as
+/// the `schedule` pass takes them.
+struct StagedGraph {
+  ir::Graph g{"staged"};
+  std::vector<int32_t> stage_of_node;
+};
+
+/// The uniform chain of the zero-bubble schedule tests: `layers` layers over
+/// m micro-batches, every node 1 us and 4 bytes, layer l on stage
+/// l / layers_per_stage. Per (layer l, micro-batch k) a forward f<l>_<k>, and
+/// two backward nodes: b<l>_<k>, the input gradient (reads f<l>_<k> and
+/// b<l+1>_<k>), and w<l>_<k>, the weight gradient summed over micro-batches
+/// (reads f<l>_<k>, the incoming gradient b<l+1>_<k> (on the last layer its
+/// own b, or nothing when w comes first) and w<l>_<k-1>):
+///
+///   %x -> f0_k -> f1_k -> .. -> f(L-1)_k
+///          |       |              |
+///         b0_k <- b1_k <- .. <- b(L-1)_k
+///          w0_k <-'  w1_k <-' ..   w(L-1)_k      w_l_k also reads w_l_(k-1)
+///
+/// Note [Backward split]: b<l>_<k> is B when a node of an earlier stage reads
+/// it or a B node of its own task does (the first layer of every stage but
+/// stage 0, and the layers after it in the stage), w<l>_<k> is W; stage 0
+/// sends nothing back, so its b's are W too. Unsplit, the backward task of a
+/// stage is its b's and w's, in graph order: b first (the default), so the
+/// gradient is sent before the weight gradient is computed, or, with
+/// w_first, w first, so it is sent at the end of the task (the paper's 1F1B,
+/// whose backward is one piece). `extra` (reader -> read, by name) adds
+/// edges; every forward is built before every backward, and backwards in
+/// micro-batch order, so a backward may read any forward.
+inline StagedGraph zeroBubbleChain(int layers, int m, bool w_first = false, int layers_per_stage = 1,
+                                   const std::multimap<std::string, std::string>& extra = {}) {
+  StagedGraph c;
+  c.g = ir::Graph("zb_chain");
+  ir::Graph& g = c.g;
+  std::map<std::string, ir::ValueId> value;
+  auto add = [&](const std::string& name, std::vector<ir::ValueId> ins, int l, int k,
+                 ir::Phase phase) {
+    for (auto [e, end] = extra.equal_range(name); e != end; ++e) ins.push_back(value.at(e->second));
+    const ir::NodeId id = addTask(g, name, ins, 4, 1.0);
+    g.node(id).microbatch = k;
+    g.node(id).phase = phase;
+    c.stage_of_node.push_back(l / layers_per_stage);
+    value[name] = g.node(id).outputs[0];
+  };
+  auto at = [&](const std::string& prefix, int l, int k) { return value.at(fmt::format("{}{}_{}", prefix, l, k)); };
+  const ir::ValueId x = g.addInput("x", f32(1), ir::InputRole::Input);
+  for (int k = 0; k < m; ++k) {
+    for (int l = 0; l < layers; ++l) add(fmt::format("f{}_{}", l, k), {l == 0 ? x : at("f", l - 1, k)}, l, k, ir::Phase::Forward);
+  }
+  for (int k = 0; k < m; ++k) {
+    for (int l = layers - 1; l >= 0; --l) {
+      std::vector<ir::ValueId> ins{at("f", l, k)};
+      if (l + 1 < layers) ins.push_back(at("b", l + 1, k));
+      std::vector<ir::ValueId> w_ins{at("f", l, k)};
+      if (l + 1 < layers || !w_first) w_ins.push_back(l + 1 < layers ? at("b", l + 1, k) : ir::kNoId);
+      if (k > 0) w_ins.push_back(at("w", l, k - 1));
+      auto addW = [&] {
+        if (l + 1 == layers && !w_first) w_ins[1] = at("b", l, k);
+        add(fmt::format("w{}_{}", l, k), w_ins, l, k, ir::Phase::Backward);
+      };
+      if (w_first) addW();
+      add(fmt::format("b{}_{}", l, k), ins, l, k, ir::Phase::Backward);
+      if (!w_first) addW();
+    }
+  }
+  return c;
 }
 
 /// A random DAG of `n` tasks: node i reads 1..3 earlier nodes (or the

@@ -140,6 +140,17 @@ def test_interleaved_with_the_loss_compiled_in_equals_eager(microbatches: int) -
     assert plan.pipeline.stage_device == [0, 1, 0, 1] and plan.pipeline.virtual_stages == 2
 
 
+@pytest.mark.parametrize("microbatches", [4, 1])
+def test_zb_v_with_the_loss_compiled_in_equals_eager(microbatches: int) -> None:
+    """ZB-V (options reach planPipeline): GPT's layers in 4 stages placed in
+    a V on 2 devices (device 0 holds the first and the last), backwards split
+    into B and W; one micro-batch, fewer than devices, too. Loss and every
+    gradient equal eager."""
+    plan = _loss_inside("gpt", 2, [8], schedule="zb-v", microbatches=microbatches)
+    assert plan.pipeline.schedule == "zb-v"
+    assert plan.pipeline.stage_device == [0, 1, 1, 0] and plan.pipeline.virtual_stages == 2
+
+
 @pytest.mark.parametrize("devices", [2, 3])
 def test_zb_h1_with_the_loss_compiled_in_equals_eager(devices: int) -> None:
     """ZB-H1 (options reach planPipeline): each backward split into B (the
@@ -392,7 +403,8 @@ def test_1f1b_with_the_loss_outside_runs_fill_drain_and_says_to_compile_the_loss
 
 @pytest.mark.parametrize("pipeline,match", [
     ({"microbatch": 4}, "unknown pipeline key"),
-    ({"schedule": "zb-v"}, "'gpipe', '1f1b', '1f1b\\*', 'interleaved', 'zb-h1'"),
+    ({"schedule": "zb-x"}, "'gpipe', '1f1b', '1f1b\\*', 'interleaved', 'zb-h1', 'zb-v'"),
+    ({"schedule": "zb-v", "virtual_stages": 3}, "exactly 2 with schedule 'zb-v'"),
     ({"virtual_stages": 2}, "more than 1 only with schedule 'interleaved' \\(got 'gpipe'\\)"),
     ({"schedule": "interleaved", "virtual_stages": -1}, "virtual_stages takes an int >= 0"),
     ({"microbatches": 0}, "an int >= 1"),

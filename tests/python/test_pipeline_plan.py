@@ -103,6 +103,17 @@ def test_zb_h1_step_equals_the_unsplit_step(microbatches: int, batch: int, check
         assert plan.step_time_us < one.step_time_us
 
 
+@pytest.mark.parametrize("microbatches,batch", [(4, 8), (1, 8), (5, 10)])
+def test_zb_v_step_equals_the_unsplit_step(microbatches: int, batch: int) -> None:
+    """ZB-V: 4 stages in a V on 2 devices, backwards split into B and W;
+    one micro-batch and 5 too; the step equals the unsplit step's."""
+    plan = modelpar.plan_pipeline(STEP, devices=2, microbatches=microbatches, batch_size=batch,
+                                  schedule="zb-v")
+    assert (plan.num_stages, plan.stage_device, plan.virtual_stages) == (4, [0, 1, 1, 0], 2)
+    assert "schedule zb-v (v=2 stages per device, placed in a V)" in str(plan)
+    assert_same(run_pipelined(plan, batch), reference(batch))
+
+
 @pytest.mark.parametrize("partition,schedule", [("balance-size", "gpipe"), ("balance-time-comm", "1f1b"),
                                                 ("madpipe", "1f1b*")])
 def test_every_partition_method_runs_exactly(partition: str, schedule: str) -> None:

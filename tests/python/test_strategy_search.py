@@ -61,8 +61,9 @@ def test_search_chooses_the_simulators_minimum_and_its_plan_runs(tmp_path, machi
     s = modelpar.search_strategy(STEP, devices=2, batch_size=16, machine=profile, prune=False)
     ok = _ok(s.candidates)
     # m in {2, 4, 8, 16} x (gpipe, 1f1b, zb-h1: 3 partitions; 1f1b*: 4;
-    # interleaved v=2 (4 layers): 2, not balance-time-comm) x 3 checkpoint modes
-    assert len(s.candidates) == 1 + 3 + 4 * 15 * 3
+    # interleaved v=2 (4 layers) and zb-v: 2, not balance-time-comm) x 3
+    # checkpoint modes
+    assert len(s.candidates) == 1 + 3 + 4 * 17 * 3
     assert len(ok) >= 20
     chosen = s.candidates[s.chosen]
     assert chosen["chosen"] and sum(c["chosen"] for c in s.candidates) == 1
@@ -155,7 +156,7 @@ def test_cli_strategy_auto_lists_candidates_and_the_chosen_plan(tmp_path):
     starred = [line for line in r.stdout.splitlines() if line.startswith("* ")]
     assert len(starred) == 1
     assert "chosen: " + starred[0][2:].split("  ")[0].strip() in r.stdout
-    assert "search: 184 candidates" in r.stdout
+    assert "search: 208 candidates" in r.stdout
     r = _cli(str(STEP), "--strategy", "auto")
     assert r.returncode == 1 and "needs --batch-size" in r.stderr
     r = _cli(str(STEP), "--strategy", "best")

@@ -58,13 +58,20 @@ OPTION_DOCS: dict[str, str] = {
         "backward split into B, the gradient sent back, and W, the weight gradients, deferred "
         "into 1F1B's bubble; about a third of 1F1B's bubble when forward, B and W take alike, "
         "the largest in-flight count of 1F1B's, later stages holding the inputs of deferred "
-        "W's). Not given: `\"gpipe\"`, or `\"1f1b*\"` with `partition=\"madpipe\"`. 1F1B, "
-        "interleaved and zb-h1 need the loss inside the compiled function."),
+        "W's), or `\"zb-v\"` (zero bubble's ZB-V: the same split over 2p stages placed in a V "
+        "on p devices, device d holding stages d and 2p-1-d; with forward, B and W alike a "
+        "bubble of (p-1)/(6m + p-1) for m >= 2p-1, half of ZB-H1's idle time on the same "
+        "layers; `virtual_stages` 2). Not given: `\"gpipe\"`, or `\"1f1b*\"` with "
+        "`partition=\"madpipe\"`. 1F1B, interleaved, zb-h1 and zb-v need the loss inside the "
+        "compiled function."),
     "pipeline.virtual_stages": (
-        "Stages per device, v, an int >= 0: 0 is 2 for `schedule=\"interleaved\"` and 1 otherwise; "
-        "more than 1 only with `\"interleaved\"` (a `ConfigError` otherwise). The layers are cut "
-        "into devices x v stages, stage s on device s % devices; a model with fewer layers is a "
-        "`ConfigError` saying to use fewer. `strategy=\"auto\"` does not search it."),
+        "Stages per device, v, an int >= 0: 0 is 2 for `schedule=\"interleaved\"` and "
+        "`\"zb-v\"`, 1 otherwise; more than 1 only with `\"interleaved\"`, and exactly 2 with "
+        "`\"zb-v\"` (a `ConfigError` otherwise). The layers are cut into devices x v stages, "
+        "stage s on device s % devices (zb-v: in a V, stage s on device s for s < devices, "
+        "2·devices-1-s after); a model with fewer layers is a `ConfigError` saying to use fewer. "
+        "`strategy=\"auto\"` searches interleaved with 2 and 3 where the model has the layers, "
+        "and zb-v."),
     "pipeline.partition": (
         "How layers are cut into stages: `\"balance-time\"`, `\"balance-size\"` (torchgpipe), "
         "`\"balance-time-comm\"` (PipeDream's DP; formerly `\"pipedream\"`, which now names the new "

@@ -15,7 +15,7 @@ silently ignored.
 | ``device_map`` | None or ``"cpu"`` (CPU worker devices), ``"cuda"``, ``"cuda:K"``, or a list of ``"cuda:K"`` (one per device) | None (``"cpu"``) | works: CUDA maps need a CUDA build of modelpar on a machine with a GPU; anything else is a ConfigError saying which is missing |
 | ``placer`` | None, ``"m-topo"``, ``"m-etf"``, ``"m-sct"`` | None | works with devices > 1 (None: m-etf); with devices=1 it is an error |
 | ``memory`` | None, bytes per device (int or ``"16GiB"``) | None | works: the plan must fit; otherwise ``PlanDoesNotFitError`` naming layer, device and bytes, raised at the first call before anything runs |
-| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``, ``"interleaved"``, ``"zb-h1"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``virtual_stages`` (0: 2 for ``"interleaved"``, 1 otherwise; stages per device, more than 1 only with ``"interleaved"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile/pipeline_step.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
+| ``pipeline`` | None or a dict: ``microbatches`` (4), ``schedule`` (``"gpipe"``, ``"1f1b"``, ``"1f1b*"``, ``"interleaved"``, ``"zb-h1"``, ``"zb-v"``; not given: ``"gpipe"``, or ``"1f1b*"`` with ``partition="madpipe"``), ``virtual_stages`` (0: 2 for ``"interleaved"`` and ``"zb-v"``, 1 otherwise; stages per device, more than 1 only with ``"interleaved"``, exactly 2 with ``"zb-v"``), ``partition`` (``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"``, ``"madpipe"``), ``checkpoint`` (``"always"``, ``"except_last"``, ``"never"``; not given: ``"except_last"``, or ``"never"`` for a model that checkpoints itself), ``portals`` (True), ``batch_norm`` (``"deferred"``, the default: torchgpipe's DeferredBatchNorm; ``"refuse"`` to be told where training-mode batch norm is), ``allow_random`` (True: dropout and the other element-wise random ops draw per micro-batch, reproducible under torch.manual_seed; False refuses them; a permutation, ``randperm``, is refused either way), ``loss_reduction`` (``"auto"``, ``"mean"``, ``"sum"``) | None | works: the training step is micro-batched, cut into stages over ``devices`` and run as one pipelined program per batch size (compile/pipeline_step.py); a static batch is traced again as a symbolic one (no mark_dynamic needed); 1F1B needs the loss inside the compiled function |
 | ``cuda_graphs`` | bool | False | works: the executors capture each step into CUDA Graphs after one warm-up step and replay them; a program that cannot be captured (and every CPU worker program) runs stream replay with the same static-buffer protocol, and ``print(plan)`` says why |
 | ``strategy`` | ``"manual"``, ``"auto"`` | ``"manual"`` (``"auto"`` under ``mode="max-autotune"`` with devices > 1) | works: ``"auto"`` searches the one-device plan, each placer and the pipelines (schedules x micro-batches x partitions x checkpoint modes) by simulation at the first call of each batch size and runs the fastest that fits (modelpar/strategy.py); ``plans()[-1].candidates`` lists them; its pipelines keep the ``pipeline`` option's defaults (batch norm deferred, with a warning when such a pipeline is chosen; dropout drawn per micro-batch, not a step that draws ``randperm``), and ``pipeline`` may set only those (``batch_norm``, ``allow_random``, ``loss_reduction``, ``portals``); on the first steps the chosen plan is timed against the one-device plan and the faster kept (compile/plan_guard.py). Not with ``placer`` (it picks by hand); over a process group rank 0 measures and every rank searches with its numbers (the one-device plan excluded) |
 | ``devices="world"`` | ``"world"`` | | works: one logical device per rank of the torch.distributed process group (``process_group``, default: the default group); rank r runs device r's instructions on the rank executor, transfers are the group's send/recv (distributed/rank_executor.py) |
@@ -109,7 +109,8 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
         raise bad("microbatches", m, "an int >= 1")
     v = out["virtual_stages"]
     if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise bad("virtual_stages", v, "an int >= 0 (0: 2 for schedule 'interleaved', 1 otherwise)")
+        raise bad("virtual_stages", v, "an int >= 0 (0: 2 for schedule 'interleaved' and 'zb-v', "
+                  "1 otherwise)")
     for key, valid in (("schedule", PIPELINE_SCHEDULES), ("partition", PARTITION_METHODS),
                        ("checkpoint", CHECKPOINT_MODES), ("batch_norm", BATCH_NORM_MODES),
                        ("loss_reduction", LOSS_REDUCTIONS)):
@@ -120,9 +121,13 @@ def pipeline_options(pipeline: Mapping[str, Any]) -> dict[str, Any]:
     for key in ("portals", "allow_random"):
         if not isinstance(out[key], bool):
             raise bad(key, out[key], "True or False")
-    if v > 1 and out["schedule"] != "interleaved":
+    if out["schedule"] == "zb-v" and v not in (0, 2):
+        raise bad("virtual_stages", v, "exactly 2 with schedule 'zb-v', which runs 2 stages per "
+                  "device placed in a V (give 2 or leave it unset)")
+    if v > 1 and out["schedule"] not in ("interleaved", "zb-v"):
         raise bad("virtual_stages", v, "more than 1 only with schedule 'interleaved' (got "
-                  f"{out['schedule']!r}), the schedule that runs several stages per device in turn")
+                  f"{out['schedule']!r}), the schedule that runs several stages per device in "
+                  "turn, or exactly 2 with 'zb-v'")
     if out["partition"] == "madpipe" and out["schedule"] != "1f1b*":
         raise bad("partition", "madpipe", "'madpipe' only with schedule '1f1b*' (MadPipe's "
                   "schedule for the stages it makes)")

@@ -156,8 +156,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
     PipeDream's DP, or MadPipe's memory-aware DP), ``checkpoint`` decides
     which (stage, micro-batch) pairs recompute their forward in the backward,
     ``schedule`` orders each device's work (GPipe fill-drain, 1F1B,
-    MadPipe's 1F1B*, or Megatron's interleaved 1F1B over ``virtual_stages``
-    stages per device), and the result is lowered to a Program with a send per
+    MadPipe's 1F1B*, Megatron's interleaved 1F1B over ``virtual_stages``
+    stages per device, or zero bubble's ZB-H1 and ZB-V), and the result is lowered to a Program with a send per
     micro-batch and simulated. Run ``p.program`` with ``modelpar.Executor``
     on the step's inputs at full batch: its outputs equal the step's.
 
@@ -168,8 +168,10 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
         microbatches: m (torch.chunk's rule may give fewer).
         batch_size: B, the full batch size.
         schedule: ``"gpipe"``, ``"1f1b"``, ``"1f1b*"`` (``madpipe`` needs
-            ``"1f1b*"``), ``"interleaved"`` or ``"zb-h1"`` (zero bubble's
-            ZB-H1, one stage per device).
+            ``"1f1b*"``), ``"interleaved"``, ``"zb-h1"`` (zero bubble's
+            ZB-H1, one stage per device) or ``"zb-v"`` (zero bubble's ZB-V, 2
+            stages per device placed in a V: stage s on device s for s <
+            devices, 2·devices-1-s after).
         partition: ``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"`` or ``"madpipe"``.
         checkpoint: ``"always"``, ``"except_last"`` or ``"never"``.
         portals: skip values go straight to their readers (True) or through
@@ -184,11 +186,12 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
             normalised with its own statistics, the running statistics are
             updated once from the whole mini-batch; see ``microbatch``).
         trace: write the Chrome trace of the simulated step there.
-        virtual_stages: stages per device, v (0: 2 for ``"interleaved"``, 1
-            otherwise; more than 1 only with ``"interleaved"``): the layers are
-            cut into devices x v stages, stage s on device s % devices, and
-            the bubble of uniform stages is (p-1)/(v·m + p-1) instead of 1F1B's
-            (p-1)/(m + p-1), for v times the transfers.
+        virtual_stages: stages per device, v (0: 2 for ``"interleaved"`` and
+            ``"zb-v"``, 1 otherwise; more than 1 only with ``"interleaved"``,
+            exactly 2 with ``"zb-v"``): the layers are cut into devices x v
+            stages, stage s on device s % devices, and the bubble of uniform
+            stages is (p-1)/(v·m + p-1) instead of 1F1B's (p-1)/(m + p-1), for
+            v times the transfers (zb-v: placed in a V).
 
     Raises:
         ConfigError: a bad option, named with its valid values (before any

@@ -494,8 +494,8 @@ TEST(PipelineSchedule, RejectsCircularTaskOrderNamingTheBlockedTask) {
 
 TEST(PipelineSchedule, RejectsBadOptionsNamingTheProblem) {
   ir::Graph g = ir::parseGraph(chainText(3, 2, 10, 20, 1024, 4));
-  PipelineScheduleOptions o = optionsFor(g, "zb-v");
-  EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }), "unknown schedule 'zb-v'");
+  PipelineScheduleOptions o = optionsFor(g, "zb-x");
+  EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }), "unknown schedule 'zb-x'");
   o = optionsFor(g, "gpipe");
   o.stage_of_node.pop_back();
   EXPECT_HAS(messageOf<ConfigError>([&] { schedulePipeline(g, o); }), "stage_of_node has 11 entries for the 12 nodes");

@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <map>
 #include <string>
 #include <vector>
 
@@ -25,64 +24,14 @@ namespace {
 
 using modelpar::testing::messageOf;
 
-// A uniform chain of n stages over m micro-batches, every node 1 us and 4
-// bytes: per (stage s, micro-batch k) a forward f<s>_<k>, and two backward
-// nodes: b<s>_<k>, the input gradient (reads f<s>_<k> and b<s+1>_<k>), and
-// w<s>_<k>, the weight gradient summed over micro-batches (reads f<s>_<k>,
-// the incoming gradient b<s+1>_<k> (on the last stage its own b, or nothing
-// when w comes first) and w<s>_<k-1>):
-//
-//   %x -> f0_k -> f1_k -> .. -> f(n-1)_k
-//          |       |              |
-//         b0_k <- b1_k <- .. <- b(n-1)_k
-//          w0_k <-'  w1_k <-' ..   w(n-1)_k      w_s_k also reads w_s_(k-1)
-//
-// Note [Backward split]: b<s>_<k> is B for s >= 1 (stage s-1 reads it),
-// w<s>_<k> is W; stage 0 sends nothing back, so b0_k is W too. Under 1F1B
-// the backward task is b and w together (2 us), in graph order: b first
-// (the default), so the gradient is sent after 1 us, or, with w_first, w
-// first, so it is sent at the end of the task (the paper's 1F1B, whose
-// backward is one piece).
-struct Chain {
-  ir::Graph g{"zb_chain"};
-  std::vector<int32_t> stage_of_node;
-};
+// The uniform chain of testing::zeroBubbleChain, one layer per stage: per
+// (stage s, micro-batch k) f<s>_<k>, b<s>_<k> (B for s >= 1, W on stage 0)
+// and w<s>_<k> (W), every node 1 us and 4 bytes. Under 1F1B the backward
+// task is b and w together (2 us), b first (the default) or, with w_first,
+// w first (the paper's 1F1B, whose backward is one piece).
+using Chain = testing::StagedGraph;
 
-Chain zbChain(int n, int m, bool w_first = false) {
-  Chain c;
-  ir::Graph& g = c.g;
-  std::map<std::string, ir::ValueId> value;
-  auto add = [&](const std::string& name, const std::vector<ir::ValueId>& ins, int s, int k,
-                 ir::Phase phase) {
-    const ir::NodeId id = testing::addTask(g, name, ins, 4, 1.0);
-    g.node(id).microbatch = k;
-    g.node(id).phase = phase;
-    c.stage_of_node.push_back(s);
-    value[name] = g.node(id).outputs[0];
-  };
-  auto at = [&](const std::string& prefix, int s, int k) { return value.at(fmt::format("{}{}_{}", prefix, s, k)); };
-  const ir::ValueId x = g.addInput("x", testing::f32(1), ir::InputRole::Input);
-  for (int k = 0; k < m; ++k) {
-    for (int s = 0; s < n; ++s) add(fmt::format("f{}_{}", s, k), {s == 0 ? x : at("f", s - 1, k)}, s, k, ir::Phase::Forward);
-  }
-  for (int k = 0; k < m; ++k) {
-    for (int s = n - 1; s >= 0; --s) {
-      std::vector<ir::ValueId> ins{at("f", s, k)};
-      if (s + 1 < n) ins.push_back(at("b", s + 1, k));
-      std::vector<ir::ValueId> w_ins{at("f", s, k)};
-      if (s + 1 < n || !w_first) w_ins.push_back(s + 1 < n ? at("b", s + 1, k) : ir::kNoId);
-      if (k > 0) w_ins.push_back(at("w", s, k - 1));
-      auto addW = [&] {
-        if (s + 1 == n && !w_first) w_ins[1] = at("b", s, k);
-        add(fmt::format("w{}_{}", s, k), w_ins, s, k, ir::Phase::Backward);
-      };
-      if (w_first) addW();
-      add(fmt::format("b{}_{}", s, k), ins, s, k, ir::Phase::Backward);
-      if (!w_first) addW();
-    }
-  }
-  return c;
-}
+Chain zbChain(int n, int m, bool w_first = false) { return testing::zeroBubbleChain(n, m, w_first); }
 
 PipelineScheduleOptions options(const Chain& c, const std::string& kind) {
   PipelineScheduleOptions o;

@@ -125,10 +125,10 @@ TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCh
   o.prune = false;
   StrategySearch s = searchStrategy(step, o);
   // 1 + 3 placers + m in {2, 4, 8} x (gpipe, 1f1b, zb-h1: 3 partitions;
-  // 1f1b*: 4; interleaved per v: 2, not balance-time-comm) x 3 checkpoints;
-  // v = 2, and 3 when the step has 6 layers.
+  // 1f1b*: 4; zb-v and interleaved per v: 2, not balance-time-comm) x 3
+  // checkpoints; v = 2, and 3 when the step has 6 layers.
   const size_t vs = orderLayers(step).layers.size() >= 6 ? 2 : 1;
-  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u * 3u + 4u + 2u * vs) * 3u);
+  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u * 3u + 4u + 2u + 2u * vs) * 3u);
   double best = std::numeric_limits<double>::infinity();
   int pipelines_ok = 0;
   for (const StrategyCandidate& c : s.candidates) {
@@ -175,12 +175,12 @@ TEST(StrategySearch, InterleavedIsSearchedWithTheStagesPerDeviceTheLayersAllow) 
     SCOPED_TRACE(c.label() + ": " + c.reason);
     EXPECT_EQ(c.status, CandidateStatus::Ok);
     if (c.schedule == "interleaved") vs.push_back(c.virtual_stages);
-    else EXPECT_EQ(c.virtual_stages, 1);
+    else EXPECT_EQ(c.virtual_stages, c.schedule == "zb-v" ? 2 : 1);
   }
   std::vector<int> expected{2};
   if (layers >= 6) expected.push_back(3);
   EXPECT_EQ(vs, expected);
-  // Every schedule, once each (interleaved once per v).
+  // Every schedule, once each (interleaved once per v; zb-v with its 2).
   EXPECT_EQ(all.candidates.size(), std::size(kPipelineScheduleNames) - 1 + expected.size());
 
   o.schedules = {"interleaved"};
