@@ -12,6 +12,7 @@
 #include "ir/graph.h"
 #include "ir/parser.h"
 #include "passes/cost/device_model.h"
+#include "passes/place/placement.h"
 
 namespace modelpar::passes::testing {
 
@@ -209,6 +210,14 @@ inline ir::Graph layeredDag(uint32_t seed, int layers, int width) {
   }
   g.setOutputs(prev);
   return g;
+}
+
+/// Device d's order in `p` as the node names without their '%', spaced
+/// ("f0_0 f0_1 b0_0 ..."), for asserting a schedule's order.
+inline std::string orderText(const ir::Graph& g, const Placement& p, int d) {
+  std::string s;
+  for (ir::NodeId n : p.order[static_cast<size_t>(d)]) s += (s.empty() ? "" : " ") + g.nodeRef(n).substr(1);
+  return s;
 }
 
 }  // namespace modelpar::passes::testing

@@ -25,6 +25,8 @@
 namespace modelpar::passes {
 namespace {
 
+using testing::orderText;
+
 using modelpar::testing::messageOf;
 
 // A uniform chain of n stages over m micro-batches: per (stage s,
@@ -110,12 +112,6 @@ SimulationReport simulateKind(const Kind& k, int p, int m) {
   ir::Program prog = lower(c.g, schedulePipeline(c.g, scheduleOptions(c, k, p)));
   ir::verify(prog);
   return simulate(prog, freeLinks(p));
-}
-
-std::string orderText(const ir::Graph& g, const Placement& p, int d) {
-  std::string s;
-  for (ir::NodeId n : p.order[static_cast<size_t>(d)]) s += (s.empty() ? "" : " ") + g.nodeRef(n).substr(1);
-  return s;
 }
 
 // Every schedule on p = 2..8 devices with m = 1..32 micro-batches (m < p

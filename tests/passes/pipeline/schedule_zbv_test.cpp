@@ -24,6 +24,8 @@
 namespace modelpar::passes {
 namespace {
 
+using testing::orderText;
+
 using modelpar::testing::messageOf;
 using testing::StagedGraph;
 using testing::zeroBubbleChain;
@@ -67,12 +69,6 @@ SimulationReport runTwoLayerStages(const std::string& kind, int p, int m, bool w
   o.kind = kind;
   o.stage_of_node = c.stage_of_node;
   return lowerAndSimulate(c, o, p);
-}
-
-std::string orderText(const ir::Graph& g, const Placement& p, int d) {
-  std::string s;
-  for (ir::NodeId n : p.order[static_cast<size_t>(d)]) s += (s.empty() ? "" : " ") + g.nodeRef(n).substr(1);
-  return s;
 }
 
 // Note [ZB-V]'s example, p = 2, m = 4: device 0 holds stages 0 and 3,

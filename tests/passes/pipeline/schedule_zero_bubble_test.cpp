@@ -22,6 +22,8 @@
 namespace modelpar::passes {
 namespace {
 
+using testing::orderText;
+
 using modelpar::testing::messageOf;
 
 // The uniform chain of testing::zeroBubbleChain, one layer per stage: per
@@ -49,12 +51,6 @@ SimulationReport run(const std::string& kind, int p, int m, bool w_first = false
   ir::Program prog = lower(c.g, schedulePipeline(c.g, options(c, kind)));
   ir::verify(prog);
   return simulate(prog, freeLinks(p));
-}
-
-std::string orderText(const ir::Graph& g, const Placement& p, int d) {
-  std::string s;
-  for (ir::NodeId n : p.order[static_cast<size_t>(d)]) s += (s.empty() ? "" : " ") + g.nodeRef(n).substr(1);
-  return s;
 }
 
 // Note [ZB-H1]'s example, n = 3, m = 4, with the B and W of each task

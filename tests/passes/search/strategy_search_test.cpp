@@ -153,13 +153,9 @@ TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCh
   EXPECT_DOUBLE_EQ(pruned.chosenCandidate().step_us, best);
 }
 
-// Note [Schedules in the search]: interleaved 1F1B is searched by default
-// with each v of {2, 3} whose N·v stages the layers allow, and with the v
-// named; zb-h1 by default too.
-TEST(StrategySearch, InterleavedIsSearchedWithTheStagesPerDeviceTheLayersAllow) {
-  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
-  const int layers = static_cast<int>(orderLayers(step).layers.size());
-  ASSERT_GE(layers, 4);  // v = 2 on 2 devices fits; v = 3 only if 6 layers
+// Pipelines only, 2 devices, batch 8, m = 4, balance-time, no checkpoint,
+// every candidate planned: one candidate per schedule (and v).
+StrategySearchOptions pipelinesAtFourMicrobatches() {
   StrategySearchOptions o;
   o.devices = 2;
   o.batch_size = 8;
@@ -169,6 +165,17 @@ TEST(StrategySearch, InterleavedIsSearchedWithTheStagesPerDeviceTheLayersAllow) 
   o.microbatches = {4};
   o.checkpoints = {"never"};
   o.partitions = {"balance-time"};
+  return o;
+}
+
+// Note [Schedules in the search]: interleaved 1F1B is searched by default
+// with each v of {2, 3} whose N·v stages the layers allow, and with the v
+// named; zb-h1 by default too.
+TEST(StrategySearch, InterleavedIsSearchedWithTheStagesPerDeviceTheLayersAllow) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  const int layers = static_cast<int>(orderLayers(step).layers.size());
+  ASSERT_GE(layers, 4);  // v = 2 on 2 devices fits; v = 3 only if 6 layers
+  StrategySearchOptions o = pipelinesAtFourMicrobatches();
   StrategySearch all = searchStrategy(step, o);
   std::vector<int> vs;
   for (const StrategyCandidate& c : all.candidates) {
@@ -233,15 +240,7 @@ TEST(StrategySearch, InterleavedIsLeftOutWhenTheLayersCannotGiveTwoStagesPerDevi
 // zb-h1 is searched by default and, on the same stages, beats 1F1B.
 TEST(StrategySearch, ZeroBubbleH1IsSearchedByDefaultAndBeatsOneFOneB) {
   ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
-  StrategySearchOptions o;
-  o.devices = 2;
-  o.batch_size = 8;
-  o.prune = false;
-  o.one_device = false;
-  o.placements = false;
-  o.microbatches = {4};
-  o.checkpoints = {"never"};
-  o.partitions = {"balance-time"};
+  StrategySearchOptions o = pipelinesAtFourMicrobatches();
   StrategySearch all = searchStrategy(step, o);
   const auto zb = std::find_if(all.candidates.begin(), all.candidates.end(),
                                [](const StrategyCandidate& c) { return c.schedule == "zb-h1"; });
