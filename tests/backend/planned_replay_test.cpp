@@ -67,6 +67,8 @@ std::vector<BadOptions> badOptions() {
       "pipeline['microbatches']=0 is not valid");
   add("virtual stages without interleaved", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->virtual_stages = 2; },
       "pipeline['virtual_stages']=2 is not valid; virtual_stages takes more than 1 only with schedule 'interleaved' (got 'gpipe')");
+  add("zb-v with 3 virtual stages", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->schedule = "zb-v"; o.pipeline->virtual_stages = 3; },
+      "pipeline['virtual_stages']=3 is not valid; schedule 'zb-v' runs exactly 2 stages per device, placed in a V");
   add("negative virtual stages", [](auto& o) { o.devices = 2; o.pipeline = modelpar::PipelineOptions{}; o.pipeline->schedule = "interleaved"; o.pipeline->virtual_stages = -1; },
       "pipeline['virtual_stages']=-1 is not valid; virtual_stages takes an int >= 0");
   return cases;

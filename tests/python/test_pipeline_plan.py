@@ -1,5 +1,5 @@
 """modelpar.plan_pipeline end to end on CPU worker devices: every pipelined
-Program (GPipe / 1F1B / 1F1B* / interleaved 1F1B / ZB-H1, each checkpoint mode, with
+Program (GPipe / 1F1B / 1F1B* / interleaved 1F1B / ZB-H1 / ZB-V, each checkpoint mode, with
 and without portals, every partition method) computes exactly what the
 unsplit step computes, and the example step's hand-written backward equals
 autograd."""
@@ -104,14 +104,21 @@ def test_zb_h1_step_equals_the_unsplit_step(microbatches: int, batch: int, check
 
 
 @pytest.mark.parametrize("microbatches,batch", [(4, 8), (1, 8), (5, 10)])
-def test_zb_v_step_equals_the_unsplit_step(microbatches: int, batch: int) -> None:
-    """ZB-V: 4 stages in a V on 2 devices, backwards split into B and W;
-    one micro-batch and 5 too; the step equals the unsplit step's."""
+@pytest.mark.parametrize("checkpoint,portals", [("always", True), ("never", False)])
+def test_zb_v_step_equals_the_unsplit_step(microbatches: int, batch: int, checkpoint: str,
+                                           portals: bool) -> None:
+    """ZB-V: the 5 layers cut into 4 stages placed in a V on 2 devices
+    (device 0 holds the first and the last), backwards split into B and W;
+    one micro-batch (fewer than devices) and 5 too; the step equals the
+    unsplit step's, and its simulated step is shorter than 1F1B's."""
     plan = modelpar.plan_pipeline(STEP, devices=2, microbatches=microbatches, batch_size=batch,
-                                  schedule="zb-v")
+                                  schedule="zb-v", checkpoint=checkpoint, portals=portals)
     assert (plan.num_stages, plan.stage_device, plan.virtual_stages) == (4, [0, 1, 1, 0], 2)
     assert "schedule zb-v (v=2 stages per device, placed in a V)" in str(plan)
     assert_same(run_pipelined(plan, batch), reference(batch))
+    one = modelpar.plan_pipeline(STEP, devices=2, microbatches=microbatches, batch_size=batch,
+                                 schedule="1f1b", checkpoint=checkpoint, portals=portals)
+    assert plan.step_time_us < one.step_time_us
 
 
 @pytest.mark.parametrize("partition,schedule", [("balance-size", "gpipe"), ("balance-time-comm", "1f1b"),

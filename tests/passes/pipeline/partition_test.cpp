@@ -85,6 +85,10 @@ TEST(ScheduleMemory, InFlightCountsPerSchedule) {
   EXPECT_EQ(activationsInFlight(PipelineSchedule::Interleaved, 4, 8), (std::vector<int>{4, 3, 2, 1}));
   // ZB-H1 counted as 1F1B (a lower bound after stage 0: Note [ZB-H1]).
   EXPECT_EQ(activationsInFlight(PipelineSchedule::ZeroBubbleH1, 4, 8), (std::vector<int>{4, 3, 2, 1}));
+  // ZB-V: 1F1B's count over its 2p stages, its forwards before the first
+  // backward (Note [ZB-V]); p = 2: device 0 holds stages 0 and 3 (4 + 1),
+  // device 1 stages 1 and 2 (3 + 2).
+  EXPECT_EQ(activationsInFlight(PipelineSchedule::ZeroBubbleV, 4, 8), (std::vector<int>{4, 3, 2, 1}));
   std::vector<int> g{5, 3, 1};
   EXPECT_EQ(activationsInFlight(PipelineSchedule::OneFOneBStar, 3, 4, g), (std::vector<int>{4, 3, 1}));
   EXPECT_HAS(messageOf<ConfigError>([] { activationsInFlight(PipelineSchedule::OneFOneBStar, 3, 4); }),
@@ -571,6 +575,8 @@ TEST(Partition, RejectsBadOptionsAndPlansThatDoNotFit) {
   EXPECT_EQ(name(PipelineSchedule::Interleaved), "interleaved");
   EXPECT_EQ(parsePipelineSchedule("zb-h1"), PipelineSchedule::ZeroBubbleH1);
   EXPECT_EQ(name(PipelineSchedule::ZeroBubbleH1), "zb-h1");
+  EXPECT_EQ(parsePipelineSchedule("zb-v"), PipelineSchedule::ZeroBubbleV);
+  EXPECT_EQ(name(PipelineSchedule::ZeroBubbleV), "zb-v");
   EXPECT_EQ(parsePipelineSchedule("x"), std::nullopt);
 }
 

@@ -79,7 +79,8 @@ UniformChain uniformChain(int n, int m, const std::multimap<std::string, std::st
 }
 
 // A schedule over p devices: one stage per device, or for "interleaved" v
-// stages per device placed looping (stage s on device s % p).
+// stages per device placed looping (stage s on device s % p), or for "zb-v"
+// 2 placed in a V (stage s on device s for s < p, 2p-1-s after).
 struct Kind {
   const char* kind;
   int v;
@@ -91,7 +92,8 @@ PipelineScheduleOptions scheduleOptions(const UniformChain& c, const Kind& k, in
   PipelineScheduleOptions o;
   o.kind = k.kind;
   o.stage_of_node = c.stage_of_node;
-  for (int s = 0; s < p * k.v; ++s) o.device_of_stage.push_back(s % p);
+  const bool vee = std::string(k.kind) == "zb-v";
+  for (int s = 0; s < p * k.v; ++s) o.device_of_stage.push_back(!vee ? s % p : s < p ? s : 2 * p - 1 - s);
   return o;
 }
 
@@ -117,13 +119,15 @@ SimulationReport simulateKind(const Kind& k, int p, int m) {
 // Every schedule on p = 2..8 devices with m = 1..32 micro-batches (m < p
 // too): scheduled (the clock finds no task waiting forever), lowered,
 // verified (matched transfers, no deadlock) and simulated, every device busy
-// v·m·(1 + 2) us; interleaved's bubble never above 1F1B's. 896 cases, under
-// a second here.
+// v·m·(1 + 2) us; interleaved's and ZB-V's bubble never above 1F1B's (ZB-V's
+// B/W split leaves this chain's backwards whole, but stage 0's, all W).
+// 1120 cases, about a second here.
 TEST(InterleavedSchedule, EveryKindOnTwoToEightDevicesAndOneToThirtyTwoMicroBatchesRuns) {
   for (int p = 2; p <= 8; ++p) {
     for (int m = 1; m <= 32; ++m) {
       double one_f_one_b = 1;
-      for (const Kind& k : {kGPipe, kOneFOneB, Kind{"interleaved", 2}, Kind{"interleaved", 3}}) {
+      for (const Kind& k :
+           {kGPipe, kOneFOneB, Kind{"interleaved", 2}, Kind{"interleaved", 3}, Kind{"zb-v", 2}}) {
         SCOPED_TRACE(fmt::format("{} p={} m={}", k.label(), p, m));
         SimulationReport r;
         ASSERT_NO_THROW(r = simulateKind(k, p, m));
@@ -251,13 +255,16 @@ TEST(InterleavedSchedule, RejectsAnEdgeNoWarmUpCanRunNamingTheBlockedTasks) {
 // Random chains: skip edges forward (f_a -> f_b, a < b) with their
 // gradients back (b_b -> b_a), random times, p = 1..5 devices, v = 1..3,
 // m = 1..9, portals or relayed skips: every one schedules, verifies and
-// simulates with every node run once.
+// simulates with every node run once; then 30 more under ZB-V (v = 2, the
+// V, the B/W split: Note [ZB-V]).
 TEST(InterleavedSchedule, RandomChainsWithSkipsVerifyAndSimulate) {
   std::mt19937 rng(35);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   int64_t relay_copies = 0;
-  for (int trial = 0; trial < 60; ++trial) {
-    const int p = pick(1, 5), v = pick(1, 3), m = pick(1, 9), n = p * v;
+  for (int trial = 0; trial < 90; ++trial) {
+    const bool zbv = trial >= 60;  // the last 30: ZB-V, 2 stages per device in a V
+    const int p = pick(1, 5);
+    const int v = zbv ? 2 : pick(1, 3), m = pick(1, 9), n = p * v;
     std::multimap<std::string, std::string> skips;
     for (int k = 0; k < m; ++k) {
       for (int b = 2; b < n; ++b) {
@@ -268,9 +275,9 @@ TEST(InterleavedSchedule, RandomChainsWithSkipsVerifyAndSimulate) {
       }
     }
     const UniformChain c = uniformChain(n, m, skips, [&] { return pick(1, 20); });
-    PipelineScheduleOptions o = scheduleOptions(c, Kind{"interleaved", v}, p);
+    PipelineScheduleOptions o = scheduleOptions(c, Kind{zbv ? "zb-v" : "interleaved", v}, p);
     o.relay_skips = trial % 3 == 0;
-    SCOPED_TRACE(fmt::format("trial {}: p={} v={} m={} skips={} relay={}", trial, p, v, m,
+    SCOPED_TRACE(fmt::format("trial {}: {} p={} v={} m={} skips={} relay={}", trial, o.kind, p, v, m,
                              skips.size() / 2, o.relay_skips));
     const PipelineProgram pp = lowerPipeline(c.g, o);
     ASSERT_NO_THROW(ir::verify(pp.program));
