@@ -118,6 +118,9 @@ void bindExecutor(py::module_& m) {
              d["captured"] = st.captured;
              d["static_buffers"] = st.static_buffers;
              d["graphs"] = st.graphs;
+             d["own_address_inputs"] = st.own_address_inputs;
+             d["recaptures"] = st.recaptures;
+             d["last_recapture"] = st.last_recapture;
              d["issues"] = issues(st.issues);
              d["summary"] = st.summary;
              return d;

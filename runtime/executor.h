@@ -73,6 +73,12 @@ struct ReplayStatus {
   bool captured = false;         // CUDA graphs replay the steps
   bool static_buffers = false;   // inputs go through static buffers
   size_t graphs = 0;             // CUDA graphs captured
+  /// Parameters and buffers the capture reads at their own addresses (no
+  /// static copy; Note [Parameters at their own addresses]).
+  size_t own_address_inputs = 0;
+  /// Captures dropped because such an input moved, and the last one's reason.
+  int recaptures = 0;
+  std::string last_recapture;
   /// Why the program is not captured (empty when it is, or for Streams).
   std::vector<CaptureIssue> issues;
   /// One line: `graph replay: 2 CUDA graphs ...`, `graph replay: not captured

@@ -111,6 +111,12 @@ class GraphCapture {
 /// Static input buffers, signature and state of Replay::Graphs.
 struct GraphReplayState {
   std::vector<c10::IValue> buffers;  // per graph input: its static copy (or the scalar)
+  /// Per graph input: the buffer is the caller's own tensor (a parameter or
+  /// buffer already where it lives; Note [Parameters at their own addresses]).
+  std::vector<bool> own_address;
+  /// Per graph input: it moved after a capture, so it gets a static copy from
+  /// then on (at most one re-capture per input).
+  std::vector<bool> moved;
   std::vector<c10::Device> devices;  // per graph input: where the caller's was at capture
   bool has_buffers = false;
   std::vector<size_t> written;       // inputs the step writes in place: copied back
@@ -165,6 +171,10 @@ class Executor::Impl {
   std::vector<c10::IValue> runGraphs(std::vector<c10::IValue>& inputs);
   void makeStaticBuffers(const std::vector<c10::IValue>& inputs);
   void checkSignature(const std::vector<c10::IValue>& inputs) const;
+  /// A parameter captured at its own address that the caller now passes at
+  /// another (-1: none); its name goes to ReplayStatus::last_recapture.
+  int movedOwnAddressInput(const std::vector<c10::IValue>& inputs) const;
+  void dropCapture();
   bool tryCapture();
   void updateSummary();
   void initReplay();

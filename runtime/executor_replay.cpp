@@ -2,6 +2,9 @@
 // static input buffers, replays, and the fall-back to stream replay. The CUDA
 // side (capturing and launching graphs) is cuda_graph_replay.cpp; on CPU
 // workers the same protocol runs on the stream path, which is what CI tests.
+#include <string>
+#include <unordered_map>
+
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/Exception.h>
@@ -34,11 +37,39 @@
 //                  in place (inputsWrittenInPlace) are copied back to the
 //                  caller's tensors, since the step wrote the static copies.
 //
+// Parameters and buffers are the exception: Note [Parameters at their own
+// addresses].
+//
 // CPU worker devices cannot capture: they run the same protocol from the
 // capture step on (static buffers, copy in, copy back, clone out) on the
 // stream path, so a stale static buffer or a missed copy-back shows in CI.
 // A CUDA program that cannot be captured runs plain stream replay (no static
 // buffers: they would only cost copies).
+
+// Note [Parameters at their own addresses]
+// ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+// A static copy of every input would double the parameters' memory per
+// capture (a compiled model with one capture per signature holds several)
+// and copy every weight each step. Parameters and buffers (InputRole) stay
+// where they live between steps, so the capture reads them there: an input
+// whose role is param or buffer, already on its logical device's physical
+// device, and sharing storage with no other input (two inputs that alias
+// would be captured as one address, and a later step could pass them apart)
+// is its own static buffer. Nothing is copied in or back for it: the step's
+// in-place writes (an optimizer update in the graph, batch norm's running
+// statistics) land in the caller's tensor, as on the stream path, and the
+// caller's own updates between steps are what the next replay reads.
+//
+// A replay checks each such input's address, strides and storage offset
+// against the capture's. If the caller passes another tensor there (`p.data
+// = ...`, a state dict loaded by assignment), the graphs would read the old
+// one, a silent wrong answer; so the capture is dropped, that input is marked
+// as moved (it gets a static copy from then on, so a parameter that moves
+// every step costs one re-capture, not one per step), and this step captures
+// anew: ReplayStatus counts recaptures and names the last input that moved.
+// CPU worker devices run the same bookkeeping on the stream path (the twin
+// CI tests); on CUDA this is what torch's CUDA graph trees do with static
+// inputs (re-record when a static input's address changes).
 
 namespace modelpar::runtime {
 namespace {
@@ -50,24 +81,78 @@ std::string messageOf(const std::exception& e) {
 
 std::string sizesOf(const at::Tensor& t) { return c10::str(t.sizes()); }
 
+bool definedTensor(const c10::IValue& v) { return v.isTensor() && v.toTensor().defined(); }
+
+// ", 4 parameters/buffers at their own addresses; re-captured once (input %w
+// (param) moved ...)" or "".
+std::string ownAddressesText(const ReplayStatus& st) {
+  std::string s;
+  if (st.own_address_inputs > 0) {
+    s = c10::str(", ", st.own_address_inputs, " parameters/buffers at their own addresses");
+  }
+  if (st.recaptures > 0) {
+    s += c10::str("; re-captured ", st.recaptures, st.recaptures == 1 ? " time" : " times", " (",
+                  st.last_recapture, ")");
+  }
+  return s;
+}
+
 }  // namespace
 
 void Executor::Impl::makeStaticBuffers(const std::vector<c10::IValue>& inputs) {
   const ir::Graph& g = program_.graph();
+  // Storages more than one input views (Note [Parameters at their own addresses]).
+  std::unordered_map<const void*, int> views;
+  for (const c10::IValue& v : inputs) {
+    if (definedTensor(v) && v.toTensor().has_storage()) {
+      ++views[v.toTensor().storage().unsafeGetStorageImpl()];
+    }
+  }
   graph_.buffers.assign(inputs.size(), c10::IValue());
+  graph_.own_address.assign(inputs.size(), false);
+  graph_.moved.resize(inputs.size(), false);
+  size_t own = 0;
   for (size_t k = 0; k < inputs.size(); ++k) {
     const c10::IValue& v = inputs[k];
-    if (!v.isTensor() || !v.toTensor().defined()) {
+    if (!definedTensor(v)) {
       graph_.buffers[k] = v;
       continue;
     }
     const at::Tensor& t = v.toTensor();
-    const int d = g.inputs()[k].device.value_or(0);
-    const c10::Device where = lanes_[static_cast<size_t>(d)].device->physical();
-    graph_.buffers[k] = at::empty_like(t, t.options().device(where));
+    const ir::Input& in = g.inputs()[k];
+    const c10::Device where = lanes_[static_cast<size_t>(in.device.value_or(0))].device->physical();
+    const bool stays = in.role != ir::InputRole::Input && !graph_.moved[k] && t.device() == where &&
+                       t.has_storage() && views[t.storage().unsafeGetStorageImpl()] == 1;
+    graph_.own_address[k] = stays;
+    own += stays;
+    graph_.buffers[k] = stays ? t : at::empty_like(t, t.options().device(where));
   }
+  replay_status_.own_address_inputs = own;
   graph_.written = inputsWrittenInPlace(program_);
   graph_.has_buffers = true;
+}
+
+int Executor::Impl::movedOwnAddressInput(const std::vector<c10::IValue>& inputs) const {
+  for (size_t k = 0; k < inputs.size(); ++k) {
+    if (!graph_.own_address[k]) continue;
+    const at::Tensor& now = inputs[k].toTensor();
+    const at::Tensor& then = graph_.buffers[k].toTensor();
+    if (!now.has_storage() || now.data_ptr() != then.data_ptr() || now.strides() != then.strides()) {
+      return static_cast<int>(k);
+    }
+  }
+  return -1;
+}
+
+void Executor::Impl::dropCapture() {
+  graph_.buffers.clear();
+  graph_.own_address.clear();
+  graph_.has_buffers = false;
+  graph_.outputs.clear();
+  graph_.graphs.reset();
+  replay_status_.captured = false;
+  replay_status_.graphs = 0;
+  replay_status_.own_address_inputs = 0;
 }
 
 void Executor::Impl::checkSignature(const std::vector<c10::IValue>& inputs) const {
@@ -141,6 +226,16 @@ std::vector<c10::IValue> Executor::Impl::runGraphs(std::vector<c10::IValue>& inp
     makeStaticBuffers(inputs);
   } else if (graph_.has_buffers) {
     checkSignature(inputs);
+    if (const int k = movedOwnAddressInput(inputs); k >= 0) {
+      // Note [Parameters at their own addresses]: capture again, this step.
+      graph_.moved[static_cast<size_t>(k)] = true;
+      ++st.recaptures;
+      st.last_recapture = c10::str("input %", g.value(g.inputs()[static_cast<size_t>(k)].value).name,
+                                   " (", name(g.inputs()[static_cast<size_t>(k)].role),
+                                   ") moved to another address after the capture");
+      dropCapture();
+      makeStaticBuffers(inputs);
+    }
   }
   ++st.steps;
   if (!graph_.has_buffers) {  // a CUDA program that is not captured: plain streams
@@ -148,15 +243,14 @@ std::vector<c10::IValue> Executor::Impl::runGraphs(std::vector<c10::IValue>& inp
     return runStep(inputs);
   }
   for (size_t k = 0; k < inputs.size(); ++k) {
-    if (graph_.buffers[k].isTensor() && graph_.buffers[k].toTensor().defined()) {
+    if (definedTensor(graph_.buffers[k]) && !graph_.own_address[k]) {
       graph_.buffers[k].toTensor().copy_(inputs[k].toTensor());
     }
   }
   std::vector<c10::IValue> out;
   if (!cpu && !graph_.graphs) {  // the capture step of a capturable CUDA program
     if (!tryCapture()) {
-      graph_.buffers.clear();
-      graph_.has_buffers = false;
+      dropCapture();
       st.issues.push_back(CaptureIssue{-1, -1, graph_.failure});
       updateSummary();
       return runStep(inputs);
@@ -169,7 +263,7 @@ std::vector<c10::IValue> Executor::Impl::runGraphs(std::vector<c10::IValue>& inp
     out = runStep(graph_.buffers);
   }
   for (size_t k : graph_.written) {
-    if (inputs[k].isTensor() && inputs[k].toTensor().defined()) {
+    if (definedTensor(inputs[k]) && !graph_.own_address[k]) {
       inputs[k].toTensor().copy_(graph_.buffers[k].toTensor());
     }
   }
@@ -191,7 +285,7 @@ void Executor::Impl::updateSummary() {
     st.summary = "stream replay";
   } else if (st.captured) {
     st.summary = c10::str("graph replay: ", st.graphs, " CUDA graphs on ", lanes_.size(),
-                          " logical devices, static input buffers");
+                          " logical devices, static input buffers", ownAddressesText(st));
   } else if (!st.static_buffers && (map_.kind() == DeviceKind::CpuWorker
                                         ? st.steps <= options_.warmup_steps
                                         : st.issues.empty())) {
@@ -200,7 +294,8 @@ void Executor::Impl::updateSummary() {
   } else {
     st.summary = c10::str("graph replay: not captured: ", describe(st.issues),
                           st.static_buffers ? "; static input buffers on the stream path"
-                                            : "; stream replay");
+                                            : "; stream replay",
+                          st.static_buffers ? ownAddressesText(st) : std::string());
   }
 }
 

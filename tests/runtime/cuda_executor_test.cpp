@@ -261,6 +261,39 @@ TEST(CudaGraphReplay, DropoutDiffersBetweenReplays) {
   }
 }
 
+// Note [Parameters at their own addresses]: the graphs read the weights
+// where they live (updated in place between steps, as an optimizer does), and
+// a weight passed at a new address re-captures once instead of being read at
+// the old one.
+TEST(CudaGraphReplay, WeightsAreReadAtTheirOwnAddressesAndAMovedOneReCaptures) {
+  SKIP_WITHOUT_GPU();
+  ir::Program p = ir::parseProgram(readFile(MODELPAR_SOURCE_DIR "/examples/ir/mlp_pipeline_2dev.txt"));
+  std::vector<size_t> weights;
+  for (size_t k = 0; k < p.graph().inputs().size(); ++k) {
+    if (p.graph().inputs()[k].role != ir::InputRole::Input) weights.push_back(k);
+  }
+  ASSERT_FALSE(weights.empty());
+  Executor streams(p, DeviceMap::parse("cuda:0", 2));
+  Executor graphs(p, DeviceMap::parse("cuda:0", 2), graphReplay());
+  at::Tensor w1 = at::randn({16, 32}, gpu()), w2 = at::randn({32, 4}, gpu());
+  for (int step = 0; step < 6; ++step) {
+    if (step == 4) w1 = at::randn({16, 32}, gpu());  // moved: a new tensor
+    std::vector<c10::IValue> in = {at::randn({8, 16}, gpu()), at::randn({8, 4}, gpu()), w1, w2};
+    std::vector<c10::IValue> want = streams.run(in);
+    std::vector<c10::IValue> got = graphs.run(in);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_TRUE(at::allclose(got[i].toTensor(), want[i].toTensor(), 1e-5, 1e-6))
+          << "step " << step << " output " << i;
+    }
+    w1.mul_(0.9);
+    w2.mul_(0.9);
+  }
+  ReplayStatus st = graphs.replayStatus();
+  EXPECT_TRUE(st.captured) << st.summary;
+  EXPECT_EQ(st.recaptures, 1) << st.summary;
+  EXPECT_EQ(st.own_address_inputs, weights.size() - 1) << st.summary;
+}
+
 TEST(CudaGraphReplay, UncapturableProgramFallsBackToStreamsAndSaysWhy) {
   SKIP_WITHOUT_GPU();
   ir::Program p = ir::parseProgram(R"(

@@ -7,6 +7,9 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/equal.h>
 #include <ATen/ops/randn.h>
+#include <ATen/ops/zeros.h>
+#include <ATen/ops/add.h>
+#include <ATen/ops/mul.h>
 
 #include <fstream>
 #include <map>
@@ -342,6 +345,107 @@ TEST(GraphReplay, InputsWrittenInPlaceAreCopiedBackToTheCaller) {
     EXPECT_TRUE(at::equal(got[0].toTensor(), want[0].toTensor())) << step;
     EXPECT_TRUE(at::equal(w_twin, w_streams)) << "step " << step << ": the update was lost";
   }
+}
+
+// Note [Parameters at their own addresses]: a parameter or buffer already on
+// its device is its own static buffer: not copied in, not copied back, and
+// the caller's updates between steps are what the next step reads. Inputs
+// (the batch) still get static copies.
+const char* kParamStep = R"(
+    program devices=2
+    graph @g(%x: f32[4] input {device=0}, %w: f32[4] param {device=1}, %s: f32[4] buffer {device=1}) {
+      %h: f32[4] = aten::relu(%x) {device=0}
+      %y: f32[4] = aten::mul.Tensor(%h, %w) {device=1}
+      %z: f32[4] = aten::add.Tensor(%y, %s) {device=1}
+      %s2: f32[4] = aten::add_.Tensor(%s, %h) {device=1}
+      return %z
+    }
+    device 0 {
+      run %h
+      send %h -> 1
+    }
+    device 1 {
+      recv %h <- 0
+      run %y
+      run %z
+      run %s2
+    }
+  )";
+
+TEST(GraphReplay, ParametersAndBuffersAreReadAtTheirOwnAddresses) {
+  ir::Program p = ir::parseProgram(kParamStep);
+  at::Tensor w = at::randn({4}), s = at::randn({4});
+  at::Tensor w_ref = w.clone(), s_ref = s.clone();
+  Executor streams(p, DeviceMap::cpuWorkers(2, 1));
+  Executor twin(p, DeviceMap::cpuWorkers(2, 1), graphs());
+  for (int step = 0; step < 5; ++step) {
+    at::Tensor x = at::randn({4});
+    std::vector<IValue> want = streams.run({x, w_ref, s_ref});
+    std::vector<IValue> got = twin.run({x, w, s});
+    EXPECT_TRUE(at::equal(got[0].toTensor(), want[0].toTensor())) << step;
+    EXPECT_TRUE(at::equal(s, s_ref)) << "step " << step << ": the buffer's in-place write was lost";
+    w.mul_(0.5);  // an optimizer's update between steps, in place
+    w_ref.mul_(0.5);
+  }
+  ReplayStatus st = twin.replayStatus();
+  EXPECT_EQ(st.own_address_inputs, 2u);  // %w and %s; %x is copied
+  EXPECT_EQ(st.recaptures, 0);
+  EXPECT_HAS(st.summary, "static input buffers on the stream path, 2 parameters/buffers at their own addresses");
+}
+
+// A parameter passed at another address after the capture (`p.data = ...`)
+// must not be read at the old one: the capture is dropped and made again,
+// once; from then on that input gets a static copy, so moving it every step
+// costs no more captures.
+TEST(GraphReplay, AParameterThatMovesIsCapturedAgainOnceThenCopied) {
+  ir::Program p = ir::parseProgram(kParamStep);
+  Executor streams(p, DeviceMap::cpuWorkers(2, 1));
+  Executor twin(p, DeviceMap::cpuWorkers(2, 1), graphs());
+  at::Tensor s = at::zeros({4}), s_ref = at::zeros({4});
+  for (int step = 0; step < 6; ++step) {
+    at::Tensor x = at::randn({4});
+    at::Tensor w = at::randn({4});  // a new tensor, a new address, every step
+    std::vector<IValue> want = streams.run({x, w, s_ref});
+    std::vector<IValue> got = twin.run({x, w, s});
+    EXPECT_TRUE(at::equal(got[0].toTensor(), want[0].toTensor())) << step;
+    ReplayStatus st = twin.replayStatus();
+    EXPECT_EQ(st.recaptures, step >= 2 ? 1 : 0) << step;  // step 1 captured; step 2 moved
+    EXPECT_EQ(st.own_address_inputs, step >= 2 ? 1u : step == 1 ? 2u : 0u) << step;
+  }
+  ReplayStatus st = twin.replayStatus();
+  EXPECT_EQ(st.last_recapture, "input %w (param) moved to another address after the capture");
+  EXPECT_HAS(st.summary, "1 parameters/buffers at their own addresses; re-captured 1 time (input %w (param) moved");
+}
+
+// Two parameters viewing one storage would be captured as one address and
+// could be passed apart later: both get static copies. So does a parameter
+// not on its device (it is copied there every step).
+TEST(GraphReplay, ParametersSharingStorageGetStaticCopies) {
+  ir::Program p = ir::parseProgram(R"(
+    program devices=1
+    graph @g(%x: f32[4] input, %a: f32[4] param, %b: f32[4] param) {
+      %y: f32[4] = aten::mul.Tensor(%x, %a)
+      %z: f32[4] = aten::add.Tensor(%y, %b)
+      return %z
+    }
+    device 0 {
+      run %y
+      run %z
+    }
+  )");
+  at::Tensor both = at::randn({8});
+  at::Tensor a = both.slice(0, 0, 4), b = both.slice(0, 4, 8);
+  Executor twin(p, DeviceMap::cpuWorkers(1, 1), graphs());
+  for (int step = 0; step < 3; ++step) {
+    at::Tensor x = at::randn({4});
+    EXPECT_TRUE(at::equal(twin.run({x, a, b})[0].toTensor(), at::add(at::mul(x, a), b))) << step;
+  }
+  EXPECT_EQ(twin.replayStatus().own_address_inputs, 0u);
+  EXPECT_TRUE(twin.replayStatus().static_buffers);
+  // Passed apart now: the static copies take each its own values.
+  at::Tensor a2 = at::randn({4}), b2 = at::randn({4}), x = at::randn({4});
+  EXPECT_TRUE(at::equal(twin.run({x, a2, b2})[0].toTensor(), at::add(at::mul(x, a2), b2)));
+  EXPECT_EQ(twin.replayStatus().recaptures, 0);
 }
 
 // The outputs are clones: the next step overwrites the static tensors, not

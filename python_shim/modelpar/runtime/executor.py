@@ -91,8 +91,10 @@ class Executor:
         replay: ``"streams"`` (every step issued instruction by instruction)
             or ``"graphs"``: after ``warmup_steps`` stream steps the program
             is captured into CUDA graphs and later steps copy their inputs
-            into static buffers and replay them; inputs must then keep the
-            capture step's shapes, dtypes and devices. Programs that cannot be
+            into static buffers and replay them (parameters and buffers
+            already on their device are read where they live, not copied;
+            one passed at a new address re-captures once); inputs must then
+            keep the capture step's shapes, dtypes and devices. Programs that cannot be
             captured (CPU workers, host syncs, data-dependent shapes, ...)
             fall back to stream replay; :meth:`replay_status` says why.
         warmup_steps: stream steps before the capture (>= 1).
