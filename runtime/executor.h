@@ -67,8 +67,8 @@ struct ExecutorOptions {
   bool outputs_may_alias = false;
   /// Measure each device's peak bytes of distinct tensor storages held in its
   /// value slots, after every instruction (Note [Measured memory],
-  /// memory_meter.h; Executor::memoryReport()). Off: one branch per
-  /// instruction.
+  /// memory_meter.h; Executor::memoryReport()). Off: a branch per
+  /// instruction and per value slot written.
   bool measure_memory = false;
 };
 

@@ -41,8 +41,10 @@ namespace modelpar::runtime {
 //    allocator's rounding too;
 //  * steps replayed as CUDA graphs (the report stays that of the last step
 //    run on the stream path).
-// Cost: one branch per instruction when off; when on, a hash-map update per
-// tensor taken or dropped.
+// Cost: off, a branch per instruction and per slot written; on, a hash-map
+// update per tensor taken or dropped (a 1F1B step of the skip step, 8
+// micro-batches on 2 CPU workers: 1250 us median on against 1174 us off,
+// inside the 880-1510 us spread of the rounds on a 2-core VM).
 
 /// Per device, the last measured step (Executor::memoryReport()).
 struct DeviceMemory {

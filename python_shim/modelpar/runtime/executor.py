@@ -101,7 +101,7 @@ class Executor:
         measure_memory: measure each device's memory in every step run on
             the stream path: the bytes of distinct tensor storages its value
             slots hold after each instruction (a storage once however many
-            values view it); see :meth:`memory_report`. Off, it costs one
+            values view it); see :meth:`memory_report`. Off, it costs a
             branch per instruction.
 
     Raises:
