@@ -62,19 +62,20 @@ void bindExecutor(py::module_& m) {
                        "Runs a Program with one worker per logical device (runtime/executor.h).")
       .def(py::init([](const ir::Program& p, const std::string& device_map, int threads_per_device,
                        bool record_trace, bool verify, const std::string& replay, int warmup_steps,
-                       bool outputs_may_alias) {
+                       bool outputs_may_alias, bool measure_memory) {
              runtime::DeviceMap map = runtime::DeviceMap::parse(device_map, p.numDevices(), threads_per_device);
              runtime::ExecutorOptions o{.verify = verify, .record_trace = record_trace};
              o.replay = parseReplay(replay);
              o.warmup_steps = warmup_steps;
              o.outputs_may_alias = outputs_may_alias;
+             o.measure_memory = measure_memory;
              py::gil_scoped_release no_gil;
              return std::make_unique<Executor>(p, map, o);
            }),
            py::arg("program"), py::kw_only(), py::arg("device_map") = "cpu-workers",
            py::arg("threads_per_device") = 0, py::arg("record_trace") = false,
            py::arg("verify") = true, py::arg("replay") = "streams", py::arg("warmup_steps") = 1,
-           py::arg("outputs_may_alias") = false)
+           py::arg("outputs_may_alias") = false, py::arg("measure_memory") = false)
       .def("run",
            [](Executor& ex, const py::sequence& inputs) {
              std::vector<c10::IValue> in = toIValues(inputs);
@@ -126,6 +127,29 @@ void bindExecutor(py::module_& m) {
              return d;
            },
            "What graph replay is doing (runtime/executor.h ReplayStatus).")
+      .def("memory_report",
+           [](const Executor& ex) {
+             runtime::MemoryReport r;
+             {
+               py::gil_scoped_release no_gil;  // waits for a step in flight
+               r = ex.memoryReport();
+             }
+             py::list devices;
+             for (const runtime::DeviceMemory& m : r.devices) {
+               py::dict d;
+               d["start_bytes"] = m.start_bytes;
+               d["peak_bytes"] = m.peak_bytes;
+               d["peak_instruction"] = m.peak_instruction;
+               d["end_bytes"] = m.end_bytes;
+               devices.append(d);
+             }
+             py::dict d;
+             d["steps"] = r.steps;
+             d["devices"] = devices;
+             return d;
+           },
+           "Measured per-device memory of the last step (runtime/memory_meter.h "
+           "Note [Measured memory]); needs measure_memory=True.")
       .def_property_readonly("device_map", [](const Executor& ex) { return ex.deviceMap().toString(); })
       .def_property_readonly("num_devices", [](const Executor& ex) { return ex.program().numDevices(); })
       .def_property_readonly("program", [](const Executor& ex) { return ex.program(); },

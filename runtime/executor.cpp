@@ -134,6 +134,7 @@ void Executor::Impl::runLane(int d) {
   bool bound = false;
   try {
     lane.copy_back.clear();
+    if (lane.meter) lane.meter->reset();
     for (const auto& [k, v] : lane.inputs) {
       c10::IValue placed;
       try {
@@ -147,8 +148,9 @@ void Executor::Impl::runLane(int d) {
           !placed.toTensor().is_same(given.toTensor())) {
         lane.copy_back.emplace_back(k, placed.toTensor());
       }
-      lane.env[static_cast<size_t>(v)] = std::move(placed);
+      setSlot(lane, v, std::move(placed));
     }
+    if (lane.meter) lane.meter->mark(-1);
     bound = true;
     for (; i < lane.steps.size(); ++i) {
       if (cancelled_.load(std::memory_order_relaxed)) break;
@@ -162,6 +164,7 @@ void Executor::Impl::runLane(int d) {
         (*spans)[i] = Span{start, now()};
       }
       if (capture_ != nullptr) capture_->after(d, i);
+      if (lane.meter) lane.meter->mark(static_cast<int64_t>(i));
     }
     if (capture_ != nullptr) capture_->abandon(d);  // a capture left open by a cancel
     if (!cancelled_.load()) {
@@ -222,9 +225,7 @@ void Executor::Impl::execute(int d, size_t i) {
       }
       std::vector<c10::IValue> out = s.op->call(lane.env, lane.place_on ? &*lane.place_on : nullptr);
       if (seeded.owns_lock()) seeded.unlock();
-      for (size_t k = 0; k < out.size(); ++k) {
-        lane.env[static_cast<size_t>((*s.defs)[k])] = std::move(out[k]);
-      }
+      for (size_t k = 0; k < out.size(); ++k) setSlot(lane, (*s.defs)[k], std::move(out[k]));
       return;
     }
     case Kind::Send:
@@ -234,10 +235,10 @@ void Executor::Impl::execute(int d, size_t i) {
       recv(d, s);
       return;
     case Kind::Free: {
-      c10::IValue& v = lane.env[static_cast<size_t>(s.value)];
+      const c10::IValue& v = lane.env[static_cast<size_t>(s.value)];
       MP_RT_CHECK(!v.isNone(), ExecutionError, "%", program_.graph().value(s.value).name,
                   " is not on device ", d);
-      v = c10::IValue();
+      setSlot(lane, s.value, c10::IValue());
       return;
     }
   }
@@ -305,7 +306,7 @@ void Executor::Impl::recv(int d, const Step& s) {
   // A copy that failed has cancelled the step before its `done` was reached.
   if (cancelled_.load()) throw Cancelled();
   dev.recordStream(m.value, dev.compute());
-  lane.env[static_cast<size_t>(s.value)] = std::move(m.value);
+  setSlot(lane, s.value, std::move(m.value));
 }
 
 std::optional<std::string> Executor::Impl::deadlockLocked() const {
@@ -423,6 +424,12 @@ std::vector<c10::IValue> Executor::Impl::runStep(std::vector<c10::IValue>& input
     throw InstructionError(std::move(f.message), f.device, f.instruction);
   }
 
+  if (options_.measure_memory) {  // Note [Measured memory]
+    memory_report_.devices.clear();
+    for (const Lane& lane : lanes_) memory_report_.devices.push_back(lane.meter->result());
+    ++memory_report_.steps;
+  }
+
   // The caller's streams wait for the step on the GPU; the host goes on
   // (Note [Executor stream protocol], "Steps are fenced with the caller").
   for (Lane& lane : lanes_) lane.device->joinCaller();
@@ -449,5 +456,15 @@ std::vector<c10::IValue> Executor::Impl::runStep(std::vector<c10::IValue>& input
 std::vector<c10::IValue> Executor::run(std::vector<c10::IValue> inputs) {
   return impl_->run(std::move(inputs));
 }
+
+MemoryReport Executor::Impl::memoryReport() {
+  std::lock_guard<std::mutex> lock(run_mu_);
+  MP_RT_CHECK(options_.measure_memory, ConfigError,
+              "modelpar executor: memoryReport() needs ExecutorOptions::measure_memory "
+              "(Python: measure_memory=True)");
+  return memory_report_;
+}
+
+MemoryReport Executor::memoryReport() const { return impl_->memoryReport(); }
 
 }  // namespace modelpar::runtime

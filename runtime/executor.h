@@ -19,6 +19,7 @@
 #include "runtime/capture_check.h"
 #include "runtime/device.h"
 #include "runtime/execution_trace.h"
+#include "runtime/memory_meter.h"
 
 namespace modelpar::runtime {
 
@@ -64,6 +65,11 @@ struct ExecutorOptions {
   /// fresh clones. Faster, but the next step overwrites them: use the
   /// outputs before calling run() again.
   bool outputs_may_alias = false;
+  /// Measure each device's peak bytes of distinct tensor storages held in its
+  /// value slots, after every instruction (Note [Measured memory],
+  /// memory_meter.h; Executor::memoryReport()). Off: a branch per
+  /// instruction and per value slot written.
+  bool measure_memory = false;
 };
 
 /// What Replay::Graphs is doing; Executor::replayStatus().
@@ -134,6 +140,10 @@ class Executor {
   const ExecutionTrace& lastTrace() const;
   /// What graph replay is doing and, when it fell back to streams, why.
   ReplayStatus replayStatus() const;
+  /// Per device, the peak bytes of distinct storages the last step held and
+  /// the instruction where it peaked (Note [Measured memory]); `steps` 0 and
+  /// no devices before a step ran. Throws ConfigError without measure_memory.
+  MemoryReport memoryReport() const;
 
  private:
   class Impl;

@@ -20,6 +20,7 @@
 
 #include "runtime/device.h"
 #include "runtime/executor.h"
+#include "runtime/memory_meter.h"
 #include "runtime/op_call.h"
 #include "runtime/random_seeding.h"
 
@@ -66,6 +67,8 @@ struct Lane {
   int32_t waiting_for = -1;         // mail awaited in a recv (guarded by mail_mu_)
   bool finished = false;            // guarded by mail_mu_
   size_t at = 0;                    // current instruction (for deadlock reports)
+  /// ExecutorOptions::measure_memory only (Note [Measured memory]).
+  std::unique_ptr<StorageMeter> meter;
   std::thread thread;
 };
 
@@ -150,6 +153,7 @@ class Executor::Impl {
   DeviceMap map_;
   ExecutionTrace trace_;
   ReplayStatus replay_status_;  // guarded by run_mu_
+  MemoryReport memory_report_;  // guarded by run_mu_
 
  private:
   void resolve();
@@ -165,6 +169,15 @@ class Executor::Impl {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0_).count();
   }
   void clearStep();
+  /// env[v] = x, through the lane's meter when measuring.
+  static void setSlot(Lane& lane, ir::ValueId v, c10::IValue x) {
+    c10::IValue& slot = lane.env[static_cast<size_t>(v)];
+    if (lane.meter) {
+      lane.meter->remove(slot);
+      lane.meter->add(x);
+    }
+    slot = std::move(x);
+  }
   void stopWorkers();
   std::vector<c10::IValue> runStep(std::vector<c10::IValue>& inputs);
   // Replay::Graphs (executor_replay.cpp).
@@ -181,6 +194,7 @@ class Executor::Impl {
 
  public:
   ReplayStatus replayStatus();
+  MemoryReport memoryReport();
 
  private:
 

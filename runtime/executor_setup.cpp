@@ -45,6 +45,7 @@ Executor::Impl::Impl(const ir::Program& p, const DeviceMap& map, ExecutorOptions
     lanes_[d].device = std::move(devices[d]);
     // Note [Factory ops follow their device] (op_call.cpp): GPUs only.
     if (lanes_[d].device->physical().is_cuda()) lanes_[d].place_on = lanes_[d].device->physical();
+    if (options_.measure_memory) lanes_[d].meter = std::make_unique<detail::StorageMeter>();
   }
   resolve();
   initReplay();

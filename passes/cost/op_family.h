@@ -43,9 +43,15 @@ ir::ValueId writtenInput(const ir::Graph& g, const ir::Node& n,
 bool aliasesInput(const ir::Node& n);
 
 /// Bytes a value allocates where it is produced: 0 for an output of an
-/// aliasing node, else its dense size (0 for a symbolic shape). Graph inputs
-/// count their size. Note [Memory model] in task_graph.h uses this.
+/// aliasing node, else storageBytes. Graph inputs count their size. Note
+/// [Memory model] in task_graph.h uses this.
 int64_t allocBytes(const ir::Graph& g, ir::ValueId v);
+
+/// Bytes of the storage a fresh (non-aliasing) value holds: its dense size
+/// (0 for a symbolic shape), except the reduced output of a loss whose ATen
+/// kernel returns it on the element-wise buffer, which holds its first
+/// input's dense size (Note [Reduced losses keep their element-wise buffer]).
+int64_t storageBytes(const ir::Graph& g, ir::ValueId v);
 
 /// Bytes a copy of v takes on a device that receives it: its dense size
 /// (a received view is materialised), 0 when symbolic.

@@ -112,7 +112,7 @@ class LivenessScan {
             ir::ValueId b = base[static_cast<size_t>(o)];
             // An alias whose base is not here (or has none) is a fresh tensor.
             bool shares = alias && b != ir::kNoId && defined_[static_cast<size_t>(b)] != kUnset;
-            int64_t ob = shares ? 0 : f_.dense_bytes[static_cast<size_t>(o)];
+            int64_t ob = shares ? 0 : f_.storage_bytes[static_cast<size_t>(o)];
             define(o, at, shares ? root_[static_cast<size_t>(b)] : o, ob);
             L.alloc_bytes[i] += ob;
           }

@@ -12,7 +12,11 @@ FlatGraph flatten(const ir::Graph& g) {
   FlatGraph f;
   size_t nv = g.numValues(), nn = g.numNodes();
   f.dense_bytes.resize(nv);
-  for (size_t v = 0; v < nv; ++v) f.dense_bytes[v] = g.values()[v].type.bytes().value_or(0);
+  f.storage_bytes.resize(nv);
+  for (size_t v = 0; v < nv; ++v) {
+    f.dense_bytes[v] = g.values()[v].type.bytes().value_or(0);
+    f.storage_bytes[v] = storageBytes(g, static_cast<ir::ValueId>(v));
+  }
   f.alias_base = aliasBases(g);
   f.storage_root = f.alias_base;
   for (size_t v = 0; v < nv; ++v) {  // bases precede their aliases

@@ -14,6 +14,9 @@ namespace modelpar::passes {
 /// Per-node spans are CSR: `x_begin[n] .. x_begin[n+1]` indexes `x`.
 struct FlatGraph {
   std::vector<int64_t> dense_bytes;        ///< per value (0 when symbolic)
+  /// Per value: what its own storage holds when it allocates one
+  /// (op_family.h storageBytes; dense_bytes but for reduced losses).
+  std::vector<int64_t> storage_bytes;
   std::vector<ir::ValueId> alias_base;     ///< per value, op_family.h aliasBases
   std::vector<ir::ValueId> storage_root;   ///< per value, op_family.h storageRoots
   std::vector<int32_t> arg_begin, args;    ///< per node: values read, argument order

@@ -138,7 +138,7 @@ class TaskGraphBuilder {
     for (size_t v = 0; v < num_values_; ++v) {
       if (is_input[v] || root[v] != static_cast<ir::ValueId>(v) || producer_[v] < 0) continue;
       // A root allocates, unless it is the fresh output of an alias op with no base.
-      int64_t bytes = f_.dense_bytes[v];
+      int64_t bytes = f_.storage_bytes[v];
       if (!escapes_[v]) {
         t_.temp_bytes[static_cast<size_t>(producer_[v])] += bytes;
         continue;

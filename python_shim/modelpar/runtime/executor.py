@@ -100,6 +100,11 @@ class Executor:
         warmup_steps: stream steps before the capture (>= 1).
         outputs_may_alias: with ``replay="graphs"``, return the static output
             tensors instead of clones (the next step overwrites them).
+        measure_memory: measure each device's memory in every step run on
+            the stream path: the bytes of distinct tensor storages its value
+            slots hold after each instruction (a storage once however many
+            values view it); see :meth:`memory_report`. Off, it costs a
+            branch per instruction.
 
     Raises:
         InvalidIrError: the program fails verification, or a node's arguments
@@ -125,6 +130,7 @@ class Executor:
         replay: str = "streams",
         warmup_steps: int = 1,
         outputs_may_alias: bool = False,
+        measure_memory: bool = False,
     ) -> None:
         spec = device_map if isinstance(device_map, str) else ",".join(str(d) for d in device_map)
         self._ex = _C.Executor(
@@ -136,6 +142,7 @@ class Executor:
             replay=replay,
             warmup_steps=warmup_steps,
             outputs_may_alias=outputs_may_alias,
+            measure_memory=measure_memory,
         )
 
     def run(self, inputs: Sequence[RuntimeValue]) -> list[RuntimeValue]:
@@ -180,6 +187,23 @@ class Executor:
         "issues", "summary"}``: what graph replay is doing and, when it fell
         back to stream replay, why (``issues`` as :func:`capture_issues`)."""
         return self._ex.replay_status()
+
+    def memory_report(self) -> dict:
+        """``{"steps": int, "devices": [{"start_bytes", "peak_bytes",
+        "peak_instruction", "end_bytes"} per device]}`` for the last measured
+        step: the bytes of distinct tensor storages each device's value slots
+        held after binding its inputs, at most after any instruction (first
+        reached after instruction ``peak_instruction``; -1: the inputs), and
+        after its last instruction. ``steps`` counts the measured steps
+        (``devices`` is empty before one). A run's temporaries, copies in
+        flight and steps replayed as CUDA graphs are not seen
+        (runtime/memory_meter.h, Note [Measured memory]); compare
+        ``peak_bytes`` with a plan's simulated ``peak_bytes``.
+
+        Raises:
+            ConfigError: the executor was built without ``measure_memory``.
+        """
+        return self._ex.memory_report()
 
     @property
     def device_map(self) -> str:

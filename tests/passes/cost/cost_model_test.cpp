@@ -165,5 +165,33 @@ TEST(OpFamily, ClassifiesByName) {
   EXPECT_FALSE(isInPlaceOp("aten::add"));
 }
 
+// Note [Reduced losses keep their element-wise buffer]: mse_loss,
+// smooth_l1_loss and binary_cross_entropy reduced (mean by default, or sum)
+// hold their input's bytes; unreduced, other losses and received copies
+// (denseBytes) their own.
+TEST(OpFamily, ReducedLossesHoldTheirInputsBytes) {
+  ir::Graph g = ir::parseGraph(R"(
+    graph @losses(%p: f32[8, 4] input, %y: f32[8, 4] input) {
+      %mean: f32[] = aten::mse_loss(%p, %y, 1)
+      %dflt: f32[] = aten::mse_loss(%p, %y)
+      %sum: f32[] = aten::smooth_l1_loss(%p, %y, reduction=2, beta=1.0)
+      %none: f32[8, 4] = aten::mse_loss(%p, %y, 0)
+      %bce: f32[] = aten::binary_cross_entropy(%p, %y, None, 1)
+      %l1: f32[] = aten::l1_loss(%p, %y, 1)
+      return %mean, %dflt, %sum, %none, %bce, %l1
+    })");
+  auto bytes = [&](ir::ValueId v) { return storageBytes(g, v); };
+  const std::vector<ir::ValueId>& out = g.outputs();
+  EXPECT_EQ(bytes(out[0]), 128);  // f32[8, 4]
+  EXPECT_EQ(bytes(out[1]), 128);
+  EXPECT_EQ(bytes(out[2]), 128);
+  EXPECT_EQ(bytes(out[3]), 128);  // unreduced: the output is the buffer
+  EXPECT_EQ(bytes(out[4]), 128);
+  EXPECT_EQ(bytes(out[5]), 4);    // l1_loss returns a fresh scalar
+  EXPECT_EQ(allocBytes(g, out[0]), 128);
+  EXPECT_EQ(denseBytes(g, out[0]), 4);  // what a received copy takes
+  EXPECT_EQ(storageBytes(g, g.inputs()[0].value), 128);
+}
+
 }  // namespace
 }  // namespace modelpar::passes

@@ -157,6 +157,26 @@ TEST(Simulate, SerialisesReceivesAtADevice) {
   EXPECT_EQ(r.devices[2].peak_bytes, 4096 + 3 * 1024 + 256);
 }
 
+// A reduced mse_loss holds its input's bytes until its free (Note [Reduced
+// losses keep their element-wise buffer]); its received copy is 4 bytes.
+// Device 0, from p and y (128 B each): l 128 B -> 384 after run l (peak),
+// 256 after free l. Device 1: the 4-byte copy.
+TEST(Simulate, AReducedLossHoldsItsInputsBytesButItsCopyDoesNot) {
+  ir::Program p = ir::parseProgram(R"(
+    program devices=2
+    graph @loss(%p: f32[8, 4] input {device=0}, %y: f32[8, 4] input {device=0}) {
+      %l: f32[] = aten::mse_loss(%p, %y, 1) {device=0, cost={time_us=1.0, out=4, temp=0, persist=0}}
+      %m: f32[] = aten::mul.Scalar(%l, 2.0) {device=1, cost={time_us=1.0, out=4, temp=0, persist=0}}
+      return %m
+    }
+    device 0 { run %l  send %l -> 1  free %l }
+    device 1 { recv %l <- 0  run %m  free %l }
+  )");
+  SimulationReport r = simulate(p, machine(2));
+  EXPECT_EQ(r.devices[0].peak_bytes, 128 + 128 + 128);
+  EXPECT_EQ(r.devices[1].peak_bytes, 4 + 4);
+}
+
 TEST(Simulate, SerialisesSendsAndOverlapsThemWithCompute) {
   // Device 0 sends %a to 1 and 2 (10..13, and 11..14 once the first's byte
   // time has passed) while it runs %b (10..30).
