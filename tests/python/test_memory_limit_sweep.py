@@ -228,6 +228,7 @@ def sweep(seeds: list[int], verbose: bool = False) -> dict:
     refused_by = {"partition": 0, "simulated peak": 0}
     conservative = 0  # refusals whose unconstrained plan fits the limits
     worst_limit = 0.0      # largest measured / limit over every device run
+    near_limit = 0         # plans run with some device at >= 95 % of its limit
     sim_ratios: list[float] = []  # measured / simulated, per device run
     start = time.monotonic()
     for seed in seeds:
@@ -244,7 +245,9 @@ def sweep(seeds: list[int], verbose: bool = False) -> dict:
             refused_by[out.stage] += 1
             conservative += out.conservative
         if out.kind == "fit":
-            worst_limit = max(worst_limit, *(m / lim for m, lim in zip(out.measured, out.limits)))
+            ratios = [m / lim for m, lim in zip(out.measured, out.limits)]
+            worst_limit = max(worst_limit, *ratios)
+            near_limit += max(ratios) >= 0.95
             sim_ratios += [m / s for m, s in zip(out.measured, out.simulated)]
         if verbose:
             print(f"seed {seed}: {case.schedule} v={case.virtual_stages} {case.step} "
@@ -252,7 +255,7 @@ def sweep(seeds: list[int], verbose: bool = False) -> dict:
                   f"{out.limits or ''} {out.detail}")
     return {"configs": len(seeds), **counts, "exceeded": 0, "per_schedule": per_schedule,
             "does_not_fit_by": refused_by, "conservative_refusals": conservative,
-            "largest_measured_over_limit": worst_limit,
+            "largest_measured_over_limit": worst_limit, "plans_within_5pct_of_limit": near_limit,
             "measured_over_simulated": (min(sim_ratios), max(sim_ratios)) if sim_ratios else None,
             "devices_run": len(sim_ratios), "seconds": time.monotonic() - start}
 
