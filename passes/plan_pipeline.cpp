@@ -273,7 +273,8 @@ LayerChain chainOfOneMicrobatch(PassRunner& timer, const ir::Graph& step, const 
 //     on those devices (the partition counted each stage's memory alone,
 //     without a limit).
 StagePartition placeVirtualStages(const LayerChain& chain, const StagePartition& cut,
-                                  PartitionOptions po, int devices, int64_t capacity, int v,
+                                  PartitionOptions po, int devices,
+                                  const std::vector<int64_t>& capacity, int v,
                                   const std::string& schedule) {
   const int stages = devices * v;
   const bool vee = schedule == "zb-v";
@@ -290,16 +291,16 @@ StagePartition placeVirtualStages(const LayerChain& chain, const StagePartition&
     device[static_cast<size_t>(s)] = !vee ? s % devices : s < devices ? s : stages - 1 - s;
   }
   po.devices = devices;
-  po.memory_bytes = capacity;
+  po.memory_bytes = *std::min_element(capacity.begin(), capacity.end());
+  po.device_memory_bytes = capacity;
   StagePartition p = evaluatePartition(chain, cut.stage_begin, device, po, cut.method);
   if (!p.fits) {
-    const auto worst = static_cast<size_t>(
-        std::max_element(p.memory_bytes.begin(), p.memory_bytes.end()) - p.memory_bytes.begin());
+    const auto worst = static_cast<size_t>(mostOverCapacity(p.memory_bytes, po));
     MP_THROW(PlanDoesNotFitError,
              "modelpar {}: the {} plan of {} stages placed {} over {} devices needs {} on device "
              "{} of {} under {} with virtual_stages={}; use {}more devices, more memory or "
              "checkpointing", kPlanPipelineId, cut.method, stages, vee ? "in a V" : "looping",
-             devices, formatBytes(p.memory_bytes[worst]), worst, formatBytes(capacity), schedule,
+             devices, formatBytes(p.memory_bytes[worst]), worst, formatBytes(capacity[worst]), schedule,
              v, vee ? "" : "fewer virtual stages, ");
   }
   return p;
@@ -314,15 +315,17 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
   po.method = o.partition;
   po.devices = o.devices;
   po.microbatches = static_cast<int>(plan.microbatch_sizes.size());
-  po.memory_bytes = std::numeric_limits<int64_t>::max();
-  for (int d = 0; d < machine.numDevices(); ++d) {
-    po.memory_bytes = std::min(po.memory_bytes, machine.device(d).memory_bytes);
-  }
-  const int64_t capacity = po.memory_bytes;
+  // Each device's own capacity: the stages on a larger device may hold more
+  // (MadPipe plans with the smallest on every device).
+  std::vector<int64_t> capacity;
+  for (int d = 0; d < o.devices; ++d) capacity.push_back(machine.device(d).memory_bytes);
+  po.memory_bytes = *std::min_element(capacity.begin(), capacity.end());
+  po.device_memory_bytes = capacity;
   const int v = plan.virtual_stages;
   if (v > 1) {  // devices x v stages, their memory counted per device by placeVirtualStages
     po.devices = o.devices * v;
     po.memory_bytes = std::numeric_limits<int64_t>::max();
+    po.device_memory_bytes.clear();
   }
   if (machine.numDevices() > 1) {
     po.bandwidth_bytes_per_s = machine.link(0, 1).bandwidth;

@@ -71,6 +71,13 @@ void checkOptions(const LayerChain& chain, const PartitionOptions& o) {
            "modelpar partition: microbatches is {}; use at least 1", o.microbatches);
   MP_CHECK(o.memory_bytes > 0, ConfigError, "modelpar partition: memory_bytes is {}; give the "
            "capacity of one device in bytes", o.memory_bytes);
+  MP_CHECK(o.device_memory_bytes.empty() || o.device_memory_bytes.size() == idx(o.devices),
+           ConfigError, "modelpar partition: device_memory_bytes has {} entries for {} devices; "
+           "give one capacity per device, or none", o.device_memory_bytes.size(), o.devices);
+  for (int64_t b : o.device_memory_bytes) {
+    MP_CHECK(b > 0, ConfigError, "modelpar partition: a device's memory_bytes is {}; give the "
+             "capacity of each device in bytes", b);
+  }
   MP_CHECK(std::isfinite(o.bandwidth_bytes_per_s) && o.bandwidth_bytes_per_s > 0, ConfigError,
            "modelpar partition: bandwidth_bytes_per_s is {}; use a finite value > 0",
            o.bandwidth_bytes_per_s);
@@ -268,7 +275,10 @@ StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage
     return dev;
   };
   auto fitsAll = [&](const std::vector<int64_t>& dev) {
-    return std::all_of(dev.begin(), dev.end(), [&](int64_t b) { return b <= o.memory_bytes; });
+    for (int d = 0; d < o.devices; ++d) {
+      if (dev[idx(d)] > o.capacityOf(d)) return false;
+    }
+    return true;
   };
 
   if (o.schedule != PipelineSchedule::OneFOneBStar) {
@@ -310,6 +320,14 @@ StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage
   p.fits = false;  // memory at the largest candidate: one group, the least memory
   p.period_us = kInf;
   return p;
+}
+
+int mostOverCapacity(const std::vector<int64_t>& need, const PartitionOptions& o) {
+  int worst = 0;
+  for (int d = 1; d < static_cast<int>(need.size()); ++d) {
+    if (need[idx(d)] - o.capacityOf(d) > need[idx(worst)] - o.capacityOf(worst)) worst = d;
+  }
+  return worst;
 }
 
 std::vector<int> balanceBlocks(std::span<const double> costs, int blocks) {
@@ -366,13 +384,12 @@ StagePartition partitionChain(const LayerChain& chain, const PartitionOptions& o
   for (size_t s = 0; s < begin.size(); ++s) device[s] = static_cast<int>(s);
   StagePartition p = evaluatePartition(chain, std::move(begin), std::move(device), o, m);
   if (!p.fits) {
-    int worst = static_cast<int>(std::max_element(p.memory_bytes.begin(), p.memory_bytes.end()) -
-                                 p.memory_bytes.begin());
+    const int worst = mostOverCapacity(p.memory_bytes, o);
     MP_THROW(PlanDoesNotFitError,
              "modelpar partition: the {} plan needs {} on device {} of {} under {} (least over "
              "its periods); use method madpipe, more devices or more memory", m,
              formatBytes(p.memory_bytes[idx(worst)]), worst,
-             formatBytes(o.memory_bytes), name(o.schedule));
+             formatBytes(o.capacityOf(worst)), name(o.schedule));
   }
   return p;
 }

@@ -79,8 +79,15 @@ struct PartitionOptions {
   int devices = 2;
   /// Micro-batches per flush: caps the activations a stage keeps.
   int microbatches = 8;
-  /// Capacity of each device.
+  /// Capacity of each device (MadPipe plans with it on every device).
   int64_t memory_bytes = int64_t{16} << 30;
+  /// Per device, where devices differ (one entry per device): the balance-*
+  /// plans are checked against each device's own; empty: memory_bytes each.
+  std::vector<int64_t> device_memory_bytes;
+  int64_t capacityOf(int device) const {
+    return device_memory_bytes.empty() ? memory_bytes
+                                       : device_memory_bytes[static_cast<size_t>(device)];
+  }
   double bandwidth_bytes_per_s = 12e9;
   double latency_us = 0;
   /// Schedule whose memory the plans of balance-* are counted
@@ -177,6 +184,10 @@ std::vector<int64_t> stageMemory(const LayerChain& chain, std::span<const int> s
 StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage_begin,
                                  std::vector<int> stage_device, const PartitionOptions& o,
                                  std::string method = "given");
+
+/// The device whose memory need (per device, as StagePartition::memory_bytes)
+/// is furthest over its capacity in o (the first on a tie): what an error names.
+int mostOverCapacity(const std::vector<int64_t>& need, const PartitionOptions& o);
 
 /// First index of each of min(blocks, costs.size()) contiguous non-empty
 /// blocks minimising the largest block sum (costs >= 0).

@@ -224,6 +224,38 @@ TEST(PlanPipeline, StaticBatchAndTooLittleMemoryAreClearErrors) {
              "of 4.0 KiB under 1f1b");
 }
 
+// A memory limit per device is checked per device: the stages' estimate on
+// each device against that device's own capacity (before, every device was
+// held to the smallest: a plan that fitted its devices was refused). Looping
+// (interleaved) and V placements count theirs per device too. (zb-h1 is
+// left out: its estimate counts 1F1B's activations, under what its deferred
+// W's hold on the last device, so there the simulated peak refuses a limit
+// equal to the estimate: Note [ZB-H1].)
+TEST(PlanPipeline, PerDeviceMemoryLimitsAreEachDevicesOwn) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-v"}) {
+    SCOPED_TRACE(schedule);
+    const int devices = std::string(schedule) == "interleaved" || std::string(schedule) == "zb-v" ? 2 : 4;
+    auto o = options(schedule, "never", true, devices, 4);
+    const PipelinePlan free = planPipeline(step, o);
+    const std::vector<int64_t> need = free.partition.memory_bytes;
+    ASSERT_EQ(need.size(), static_cast<size_t>(devices));
+    ASSERT_NE(*std::min_element(need.begin(), need.end()), *std::max_element(need.begin(), need.end()));
+    o.memory_bytes = need;  // each device exactly its stages' estimate
+    PipelinePlan fits;
+    ASSERT_NO_THROW(fits = planPipeline(step, o));
+    EXPECT_EQ(fits.partition.stage_begin, free.partition.stage_begin);
+    for (size_t d = 0; d < need.size(); ++d) {
+      EXPECT_LE(fits.simulation.devices[d].peak_bytes, need[d]) << "device " << d;
+    }
+    // One byte short on the device that needs the most: refused, naming it.
+    const auto most = static_cast<size_t>(std::max_element(need.begin(), need.end()) - need.begin());
+    o.memory_bytes[most] -= 1;
+    EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
+               fmt::format("on device {} of ", most));
+  }
+}
+
 // Interleaved 1F1B: the 5-layer chain cut into devices x v = 2 x 2 stages,
 // stage s on device s % 2, every node on its stage's device, in every
 // checkpoint mode, with and without portals.

@@ -434,10 +434,11 @@ def test_a_symbolic_batch_is_costed_at_the_size_of_the_call() -> None:
 
 
 def test_outputs_go_home_except_saved_activations() -> None:
-    """Note [Outputs go home] (compile_backend.py): on GPUs each output goes to
+    """Note [Outputs go home] (compile/bound_graphs.py): on GPUs each output goes to
     the device of its fake value (the caller's, a parameter's), except a
     forward's saved activations, which only the backward reads."""
-    from modelpar.compile.backend import GraphKind, output_homes
+    from modelpar.compile.bound_graphs import output_homes
+    from modelpar.compile.fx_import import GraphKind
     g = torch.fx.Graph()
     a, b = g.placeholder("a"), g.placeholder("b")
     a.meta["val"] = torch.empty(2, device="meta")

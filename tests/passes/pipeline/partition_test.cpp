@@ -570,6 +570,19 @@ TEST(Partition, RejectsBadOptionsAndPlansThatDoNotFit) {
   o.method = "balance-time-comm";
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { partitionChain(c, o); }),
              "the balance-time-comm plan needs 100 B on device 0 of 50 B under 1f1b*");
+  // Per device: device 1's own 200 B holds its stage; device 0's 50 B does
+  // not, and the error names device 0 with its own capacity.
+  o.device_memory_bytes = {50, 200};
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { partitionChain(c, o); }),
+             "needs 100 B on device 0 of 50 B under 1f1b*");
+  o.device_memory_bytes = {200, 50};
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { partitionChain(c, o); }),
+             "needs 100 B on device 1 of 50 B under 1f1b*");
+  o.device_memory_bytes = {200, 200};
+  EXPECT_TRUE(partitionChain(c, o).fits);
+  o.device_memory_bytes = {200};
+  EXPECT_HAS(messageOf<ConfigError>([&] { partitionChain(c, o); }),
+             "device_memory_bytes has 1 entries for 2 devices");
   EXPECT_EQ(parsePipelineSchedule("1f1b*"), PipelineSchedule::OneFOneBStar);
   EXPECT_EQ(parsePipelineSchedule("interleaved"), PipelineSchedule::Interleaved);
   EXPECT_EQ(name(PipelineSchedule::Interleaved), "interleaved");
