@@ -35,13 +35,10 @@ back to that input.
 
 from __future__ import annotations
 
-import collections
 import re
 import time
 from dataclasses import dataclass
-import warnings
 from collections.abc import Callable, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -50,12 +47,16 @@ import torch.fx
 from .. import _C
 from ..profiles.cpu import machine_for_options
 from ..errors import InvalidIrError, UnsupportedOpError
+from .bound_graphs import MultiDeviceGraph, RankGraph, output_homes, scalar_outputs, varying_inputs
+from .eager_fallback import eager_fallback
 from .fx_import import (GraphKind, InputRole, UnsupportedGraph, batch_symbol_aliases, import_graph,
-                        saved_rng_states, source_name, symbol_sizes)
+                        source_name, symbol_sizes)
+from .joint_links import link_joint_graphs
 from ..ir.text import parse_graph
 from ..planning.options import CompileOptions, resolve_options
-from .graph_breaks import last_graph_break, warn_once
-from .records import GraphRecord, Plan, new_plan
+from .rank_binding import bind_on_ranks
+from .records import GraphRecord, Plan, new_plan, record_graph
+from .unpipelined import why_not_pipelined
 
 __all__ = ["modelpar_backend"]
 
@@ -197,29 +198,6 @@ def _loss_tangent(bw_module: torch.fx.GraphModule) -> tuple[int, str] | None:
     return scalars[0] if len(scalars) == 1 else None
 
 
-# Note [A graph the pipeline cannot cut]: a graph break cuts the user's
-# function into pieces (a data-dependent branch, a call Dynamo cannot trace,
-# an op whose backward reads tensor data: transformers' T5 and BART under
-# torch 2.11, its Mixtral experts' fallback backward in transformers 5.17),
-# and each piece is planned on its own. A piece may hold fewer layers than
-# there are devices (the embedding before a break), none at all (the mask
-# built between two breaks), or no input with a batch dimension: the
-# pipeline cannot cut it into one stage per device or into micro-batches. It
-# is placed by m-ETF on the same devices instead, with a warning naming the
-# graph, why, and the last graph break, so the rest of the model still
-# pipelines. The same holds for a whole model with fewer layers than devices,
-# and under strategy="auto" for a training graph that does not return the
-# loss, for which the search has only GPipe pipelines to try (no candidate
-# fitted such a piece before).
-# A graph that does not return the loss runs fill-drain (GPipe) where 1F1B
-# was asked for (compile/pipeline_step.py), with a warning saying how to compile
-# the loss in: AOTAutograd starts its backward only after the whole forward
-# (and, for a piece, after the pieces after it). Dynamo itself only says
-# which frames it traced, and after a break it traces the frames the rest
-# calls (a decoder layer's __call__) as graphs of their own, so "a piece"
-# cannot be told from "a whole function" here: both get the same rule.
-
-
 def _user_code(gm: torch.fx.GraphModule) -> tuple[str, str, int, str]:
     """(root function name, file, first line, traced code name) of the frame
     Dynamo traced. After a graph break Dynamo traces a resume function
@@ -272,144 +250,6 @@ def _dynamo_inputs(gm: torch.fx.GraphModule,
             role = InputRole.INPUT
         out.append((role, source_name(name) if name else None))
     return out
-
-
-class _MultiDevice:
-    """A graph bound to a multi-device Executor, called boxed by
-    AOTAutograd (``f(args)``, args emptied); per call only the arguments
-    are passed on and the outputs picked, and the step's wall time goes to
-    the plan (``Plan.record_run``)."""
-
-    def __init__(self, executor: Any, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
-                 homes: Sequence[torch.device | None] | None = None,
-                 make_executor: Callable[[], Any] | None = None,
-                 varying: Sequence[int] = ()) -> None:
-        # In the instance __dict__: Dynamo's wrapper of the backward copies
-        # it with functools.wraps, which misses class attributes.
-        self._boxed_call = True
-        self.executor = executor
-        self.output_map = list(output_map)
-        self.constants = list(constants)
-        self.plan = plan
-        self.kind = kind.value
-        self.homes = list(homes) if homes is not None else None
-        # Note [One capture per signature]: with graph replay, the executor of
-        # each input signature met (at most MAX_CAPTURES, least recently used
-        # dropped), made by make_executor; the signature reads only the
-        # inputs whose value or shape can change (``varying``).
-        self.make_executor = make_executor
-        self.varying = list(varying)
-        self.captures: collections.OrderedDict[Any, Any] = collections.OrderedDict()
-
-    def __call__(self, args: list[Any]) -> list[Any]:
-        inputs = list(args)
-        args.clear()
-        inputs.extend(self.constants)
-        if self.make_executor is not None:
-            self.executor = self.captured(inputs)
-        start = time.perf_counter_ns()
-        outs = self.executor.run(inputs)
-        picked = [None if o < 0 else outs[o] for o in self.output_map]
-        if self.homes is not None:  # Note [Outputs go home]
-            picked = [v.to(h) if h is not None and isinstance(v, torch.Tensor) and v.device != h else v
-                      for v, h in zip(picked, self.homes)]
-        self.plan.record_run(self.kind, self.executor, start, time.perf_counter_ns())
-        return picked
-
-    def captured(self, inputs: Sequence[Any]) -> Any:
-        """The executor whose capture takes ``inputs`` (Note [One capture
-        per signature]): the first one for the first signature, a new one
-        for each new signature."""
-        key = tuple(tuple(v.shape) if isinstance(v, torch.Tensor) else repr(v)
-                    for v in (inputs[i] for i in self.varying))
-        if not self.captures:
-            self.captures[key] = self.executor
-        elif key in self.captures:
-            self.captures.move_to_end(key)
-        else:
-            self.captures[key] = self.make_executor()
-            while len(self.captures) > MAX_CAPTURES:
-                self.captures.popitem(last=False)
-        return self.captures[key]
-
-
-# Note [One capture per signature]: a captured step replays fixed shapes and
-# bakes its non-tensor inputs in (the executor refuses anything else), but a
-# graph Dynamo traced with a dynamic batch takes any batch size: its size
-# symbol is an int input and its tensors change shape. Like torch's own
-# CUDA graph trees, a graph under graph replay keeps one executor, and so
-# one capture, per signature it has met (each tensor's shape, dtype and
-# device; each other input's value), the least recently used of more than
-# MAX_CAPTURES dropped. It failed at the third batch size before: the
-# second one met was the first the dynamic graph captured. Only the inputs
-# that can change take part (_varying_inputs: a tensor with a symbolic size,
-# a number), found once at planning; dtypes and devices are Dynamo's guards.
-MAX_CAPTURES = 8
-
-
-def _varying_inputs(graph: Any) -> list[int]:
-    """Indices of ``graph``'s inputs whose shape or value may differ between
-    calls: numbers, and tensors with a symbolic dimension."""
-    return [i for i, spec in enumerate(_C.graph_input_specs(graph))
-            if spec["kind"] != "tensor" or any(isinstance(d, str) for d in spec["shape"])]
-
-
-def output_homes(gm: torch.fx.GraphModule, kind: GraphKind,
-                 num_fwd_outputs: int | None) -> list[torch.device | None]:
-    """Where AOTAutograd expects each output of ``gm``: the device of its
-    fake value, or None where it does not matter.
-
-    Note [Outputs go home]: on GPUs the executor leaves each output on the
-    GPU of the logical device that made it, but the caller traced with its own
-    devices: a CPU model compiled with device_map="cuda:0" must get its
-    outputs on the CPU, and the autograd engine rejects a gradient on another
-    device than its parameter's. So user-visible outputs and gradients go to
-    the device of their fake value; a forward's saved activations (outputs
-    past ``num_fwd_outputs``) stay where they were made, since only the
-    backward, on the same executor's devices, reads them."""
-    out_node = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
-    outs = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    homes: list[torch.device | None] = []
-    for i, n in enumerate(outs):
-        val = n.meta.get("val") if isinstance(n, torch.fx.Node) else None
-        saved = kind is GraphKind.FORWARD and num_fwd_outputs is not None and i >= num_fwd_outputs
-        homes.append(val.device if isinstance(val, torch.Tensor) and not saved else None)
-    return homes
-
-
-def _scalar_outputs(gm: torch.fx.GraphModule, output_map: Sequence[int]) -> list[int]:
-    """IR output indices of the graph's scalar outputs (SymInt / SymFloat
-    values, or Python numbers): ``output_map`` maps FX outputs to IR ones."""
-    outs = gm.graph.output_node().args[0]
-    outs = outs if isinstance(outs, (list, tuple)) else [outs]
-    scalars = []
-    for node, o in zip(outs, output_map):
-        val = node.meta.get("val") if isinstance(node, torch.fx.Node) else node
-        if o >= 0 and isinstance(val, (torch.SymInt, torch.SymFloat, int, float)) \
-                and not isinstance(val, bool):
-            scalars.append(o)
-    return scalars
-
-
-class _RankStep(_MultiDevice):
-    """A graph bound to this rank's RankExecutor (distributed/rank_executor.py). Outputs
-    that live on another rank come back as None; in a forward
-    (``placeholders``) they become 0-element tensors, since AOTAutograd saves
-    them for the backward, which only reads the ones on its own rank."""
-
-    def __init__(self, executor: Any, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
-                 placeholders: bool) -> None:
-        super().__init__(executor, output_map, constants, plan, kind)
-        self.placeholders = placeholders
-
-    def __call__(self, args: list[Any]) -> list[Any]:
-        picked = super().__call__(args)
-        if not self.placeholders:
-            return picked
-        empty = torch.empty(0)
-        return [empty if (v is None and o >= 0) else v for v, o in zip(picked, self.output_map)]
 
 
 @dataclass
@@ -491,7 +331,8 @@ class _Capture:
             graph = parse_graph(imported.text)
             placement = None
             if pipelined and kind is GraphKind.INFERENCE:
-                self.unpipelined = self.why_not_pipelined(gm, graph)
+                self.unpipelined = why_not_pipelined(self.opts, self.plan, gm, graph,
+                                                     self.describe_input)
             if self.opts.whole_step and self.unpipelined is None:
                 compiled = self.pipelined(gm, graph, kind, imported)
             elif self.opts.planned:
@@ -543,41 +384,14 @@ class _Capture:
         except (UnsupportedGraph, UnsupportedOpError, InvalidIrError):
             return  # fw_compiler / bw_compiler fall back, each graph on its own
         if pipeline:
-            self.unpipelined = self.why_not_pipelined(
-                fw_module, fw_graph, returns_loss=_loss_tangent(bw_module) is not None)
+            self.unpipelined = why_not_pipelined(
+                self.opts, self.plan, fw_module, fw_graph, self.describe_input,
+                returns_loss=_loss_tangent(bw_module) is not None)
             if self.unpipelined is not None:  # placed as without the pipeline option
                 self.symbol_aliases, self.batched_inputs = {}, []
                 return self.plan_joint(fw_module, bw_module, num_fwd_outputs)
-        # A backward placeholder named like a forward node is the value the
-        # forward saved for it; the rest are tangents.
-        fw_nodes = {n.name for n in fw_module.graph.nodes if n.op != "output"}
-        saved = [(bw.value_names[n.name], fw.value_names[n.name])
-                 for n in bw_module.graph.nodes
-                 if n.op == "placeholder" and n.name in fw_nodes
-                 and n.name in bw.value_names and n.name in fw.value_names]
-        saved += saved_rng_states(fw_module, bw_module, fw.value_names, bw.value_names)
-        # Tangents are the gradients of the forward's user outputs (the first
-        # num_fwd_outputs), in order, skipping outputs that need none: pair
-        # each with the next user output of its type.
-        bw_ph = [n for n in bw_module.graph.nodes if n.op == "placeholder"]
-        fw_out = next(n for n in fw_module.graph.nodes if n.op == "output").args[0]
-        user_outs = [o for o in fw_out[:num_fwd_outputs or 0] if isinstance(o, torch.fx.Node)]
-        tangents = []
-        for t in (n for n in bw_ph if n.name.startswith("tangents_")):
-            tval = t.meta.get("val")
-            while user_outs:
-                o = user_outs.pop(0)
-                oval = o.meta.get("val")
-                if (isinstance(tval, torch.Tensor) and isinstance(oval, torch.Tensor)
-                        and tval.shape == oval.shape and tval.dtype == oval.dtype):
-                    if t.name in bw.value_names and o.name in fw.value_names:
-                        tangents.append((bw.value_names[t.name], fw.value_names[o.name]))
-                    break
-        # AOTAutograd's backward returns one gradient per forward input, in order.
-        fw_inputs = [n for n in fw_module.graph.nodes if n.op == "placeholder"]
-        gradients = []
-        if len(bw.output_map) == len(fw_inputs):
-            gradients = [(o, k) for k, o in enumerate(bw.output_map) if o >= 0]
+        saved, tangents, gradients = link_joint_graphs(fw_module, bw_module, fw, bw,
+                                                       num_fwd_outputs)
         if pipeline:
             from .pipeline_step import PipelineStep
             step = PipelineStep(self.opts, self.plan, name)
@@ -612,48 +426,6 @@ class _Capture:
         self.plan.joint = joint
         self.plan.joint_links = {"saved": saved, "tangents": tangents, "gradients": gradients}
 
-    def why_not_pipelined(self, gm: torch.fx.GraphModule, graph: Any,
-                          returns_loss: bool = True) -> str | None:
-        """Why the pipeline option cannot cut ``graph`` (the forward or
-        inference graph AOTAutograd traced, ``gm``, imported), warned once
-        per graph; None when it can (Note [A graph the pipeline cannot
-        cut]). strategy="auto" decides for itself, except for a training
-        graph that does not return the loss (``returns_loss``), where it
-        searches only GPipe pipelines."""
-        if not self.opts.pipeline_by_hand and (self.opts.strategy != "auto" or returns_loss):
-            return None
-        data = [n for n in gm.graph.nodes if n.op == "placeholder"
-                and self.describe_input(n)[0] is InputRole.INPUT
-                and isinstance(n.meta.get("val"), torch.Tensor) and n.meta["val"].dim() > 0]
-        layers = list(dict.fromkeys(layer for layer in _C.node_layers(graph) if layer))
-        devices = self.opts.devices
-        if not data:
-            reason = "it has no input with a batch dimension to split into micro-batches"
-        elif len(layers) < devices:
-            named = ", ".join(layers[:8]) + (", ..." if len(layers) > 8 else "")
-            reason = (f"it has {len(layers)} layer{'' if len(layers) == 1 else 's'}"
-                      f"{f' ({named})' if layers else ''}, fewer than the {devices} stages "
-                      f"devices={devices} asks for")
-        else:
-            return None
-        plan = self.plan
-        key = f"unpipelined {plan.name}"
-        piece = (f"the piece of {plan.function} after the graph break at line "
-                 f"{plan.resumed_at}" if plan.resumed_at is not None
-                 else f"a graph of {plan.function}")
-        searched = ("" if self.opts.pipeline_by_hand else
-                    " (strategy='auto' searches only GPipe pipelines for a graph that does "
-                    "not return the loss)")
-        warn_once(
-            key, f"modelpar pipeline: {piece} ({plan.filename}:{plan.line}, @{graph.name}) is "
-            f"placed by m-ETF on the {devices} devices instead of pipelined{searched}: "
-            f"{reason}"
-            + last_graph_break()
-            + " (Note [A graph the pipeline cannot cut]; modelpar.plans() shows each graph)",
-            stacklevel=2)
-        plan.unpipelined = reason
-        return reason
-
     def pipelined(self, gm: torch.fx.GraphModule, graph: Any, kind: GraphKind,
                   imported: Any) -> Callable[..., Any]:
         """The compiled callable of a graph under the ``pipeline`` option:
@@ -680,7 +452,7 @@ class _Capture:
         return pipe.backward()
 
     def place(self, graph: Any, kind: GraphKind, imported: Any,
-              gm: torch.fx.GraphModule) -> tuple[Any, "_MultiDevice"]:
+              gm: torch.fx.GraphModule) -> tuple[Any, "MultiDeviceGraph"]:
         """The plan of ``graph`` on ``opts.devices`` devices, and the
         graph bound to an Executor on ``opts.device_map``.
 
@@ -733,7 +505,7 @@ class _Capture:
                 placement = keep_homes(placement, self.plan_key(),
                                        training=kind is GraphKind.FORWARD)
             return placement, self.on_ranks(placement.program, kind, imported,
-                                            _scalar_outputs(gm, imported.output_map))
+                                            scalar_outputs(gm, imported.output_map))
         def make_executor() -> Any:
             return Executor(placement.program, device_map=self.opts.executor_device_map,
                             threads_per_device=threads_per_worker(placement.program),
@@ -743,9 +515,9 @@ class _Capture:
         self.executors[kind.value] = ex
         on_gpu = self.opts.executor_device_map.startswith("cuda")
         homes = output_homes(gm, kind, self.num_fwd_outputs) if on_gpu else None
-        return placement, _MultiDevice(ex, imported.output_map, imported.constants, self.plan, kind,
+        return placement, MultiDeviceGraph(ex, imported.output_map, imported.constants, self.plan, kind,
                                        homes, make_executor if self.opts.cuda_graphs else None,
-                                       _varying_inputs(placement.program.graph)
+                                       varying_inputs(placement.program.graph)
                                        if self.opts.cuda_graphs else ())
 
     def plan_key(self) -> tuple[str, str, int]:
@@ -754,96 +526,16 @@ class _Capture:
         return (self.plan.filename, self.plan.function, self.plan.line)
 
     def on_ranks(self, program: Any, kind: GraphKind, imported: Any,
-                 scalars: Sequence[int] = ()) -> Any:
-        """``program`` bound to this rank's RankExecutor (distributed/rank_executor.py),
-        after every rank has checked it planned the same program. Every
-        rank gets the forward's user-visible outputs (the loss), which their
-        holder broadcasts, and its scalar outputs (``scalars``, IR output
-        indices: a size saved for the backward, which AOTAutograd checks is
-        an int on every rank, where a tensor saved elsewhere may be a
-        placeholder); saved activations and gradients stay where the plan put
-        them.
-
-        Raises:
-            ConfigError: the ranks planned differently.
-        """
-        from ..distributed.data_parallel import gradient_reducer
-        from ..distributed.rank_executor import RankExecutor
-        from ..distributed.plan_check import check_same_plan
-        check_same_plan(str(program), self.opts.process_group,
-                        f"the {kind.value} graph of {self.plan.function}", self.opts.peer_timeout)
-        if kind is GraphKind.BACKWARD:
-            # Note [Input gradients over ranks]: AOTAutograd's backward
-            # returns one gradient per forward input, in order. A parameter's
-            # stays on the rank that made it (its home: placement puts it
-            # there); a data input's goes to every rank, because after a
-            # graph break it is the tangent of the graph before, whose ranks
-            # bind it where that graph made the value, not where this one
-            # made its gradient (it was None there: the earlier graph's
-            # gradients came out wrong).
-            replicated = sorted({o for k, o in enumerate(imported.output_map)
-                                 if o >= 0 and k < len(self.fw_input_roles)
-                                 and self.fw_input_roles[k] is InputRole.INPUT})
-        elif kind is GraphKind.FORWARD and self.num_fwd_outputs is not None:
-            replicated = sorted({o for o in imported.output_map[:self.num_fwd_outputs] if o >= 0}
-                                | set(scalars))
-        else:  # inference, or a forward planned alone: every output
-            replicated = list(range(len(program.graph.output_names)))
-        what = f"the {kind.value} graph of {self.plan.function}"
-        # Under a mesh the backward's parameter gradients are averaged over
-        # the dp group (Note [Gradients averaged over the replicas]).
-        grads = [o for k, o in enumerate(imported.output_map)
-                 if kind is GraphKind.BACKWARD and o >= 0 and k < len(self.fw_input_roles)
-                 and self.fw_input_roles[k] is InputRole.PARAM]
-        ex = RankExecutor(program, self.opts.process_group, device=self.rank_device,
-                          timeout_s=self.opts.peer_timeout, replicated_outputs=replicated,
-                          record_trace=self.opts.trace is not None,
-                          trains=kind is not GraphKind.INFERENCE, what=what,
-                          # a backward's inputs are saved values, held where made
-                          check_inputs=(None if kind is GraphKind.BACKWARD
-                                        else self.opts.input_check_every),
-                          replicas=self.opts.dp_group,
-                          data_parallel=gradient_reducer(self.opts, self.plan, grads, what))
+                 scalars: Sequence[int] = ()) -> RankGraph:
+        """``program`` bound to this rank's RankExecutor (compile/rank_binding.py)."""
+        ex, bound = bind_on_ranks(self.opts, self.plan, program, kind, imported, self.rank_device,
+                                  self.fw_input_roles, self.num_fwd_outputs, scalars)
         self.executors[kind.value] = ex
-        return _RankStep(ex, imported.output_map, imported.constants, self.plan, kind,
-                        placeholders=kind is GraphKind.FORWARD)
+        return bound
 
     def fallback(self, gm: torch.fx.GraphModule, kind: GraphKind, graph: Any, what: str,
                  detail: str, error: Exception) -> Callable[..., Any]:
-        plan = self.plan
-        where = f"the {kind.value} graph of {plan.function} ({plan.filename}:{plan.line})"
-        if self.opts.strict:
-            raise UnsupportedOpError(f"modelpar strict: {where} cannot run on the modelpar "
-                                     f"runtime: {detail}") from error
-        if self.opts.world:
-            # Note [No eager fallback over ranks]: each rank would run the
-            # whole graph eagerly with its own copies of the parameters, which
-            # only their home rank updates (or release_unowned has freed), and
-            # a mesh's gradients would not be averaged: a silent wrong answer.
-            # Every rank compiles the same graph and raises here alike.
-            raise UnsupportedOpError(
-                f"modelpar distributed: {where} cannot run on the modelpar runtime: {detail}; "
-                "over ranks (devices='world') a graph is never run eagerly instead, since each "
-                "rank would compute with its own stale (or released) copies of the parameters "
-                "other ranks own. Move what stops it out of the compiled function (or behind "
-                "torch.compiler.disable, which makes it a graph break), or compile this model "
-                "without devices='world'") from error
-        warn_once(what, f"modelpar: {detail}; {where} runs eagerly instead of on the modelpar "
-                      "runtime (this warning is shown once; options={'strict': True} makes "
-                      "it an error)", stacklevel=2)
-        self.record(GraphRecord(kind.value, graph, "eager", reason=detail))
-        if self.opts.dump_dir and graph is None:  # no IR: dump the FX graph that runs instead
-            out = Path(self.opts.dump_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"{plan.name}.{kind.value}.eager-fx.txt").write_text(
-                f"# runs eagerly: {detail}\n{gm.print_readable(print_output=False)}",
-                encoding="utf-8")
-        from functorch.compile import make_boxed_func
-        return make_boxed_func(gm.forward)
+        return eager_fallback(self.opts, self.plan, gm, kind, graph, what, detail, error)
 
     def record(self, rec: GraphRecord) -> None:
-        self.plan.graphs[rec.kind] = rec
-        if self.opts.dump_dir and rec.graph is not None:
-            out = Path(self.opts.dump_dir)
-            out.mkdir(parents=True, exist_ok=True)
-            (out / f"{self.plan.name}.{rec.kind}.txt").write_text(rec.text, encoding="utf-8")
+        record_graph(self.plan, rec, self.opts.dump_dir)

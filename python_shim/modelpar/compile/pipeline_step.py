@@ -48,7 +48,6 @@ import collections
 import itertools
 import os
 import time
-import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -191,7 +190,7 @@ class PipelineStep:
                      else "split")
         self.loss_tangent_index = loss_tangent[0] if self.mode == "step" and loss_tangent else 0
         if self.mode == "split" and self.options["schedule"] != "gpipe":
-            # Note [A graph the pipeline cannot cut] (compile/backend.py).
+            # Note [A graph the pipeline cannot cut] (compile/unpipelined.py).
             rec = self.record
             warn_once(
                 f"fill-drain {rec.name}",

@@ -465,3 +465,13 @@ def clear_plans() -> None:
     with _lock:
         _plans.clear()
     forget_step_traces()
+
+
+def record_graph(plan: Plan, rec: GraphRecord, dump_dir: str | None) -> None:
+    """Keeps ``rec`` as ``plan``'s graph of its kind and, with ``dump_dir``,
+    writes its IR text there (``<plan>.<kind>.txt``)."""
+    plan.graphs[rec.kind] = rec
+    if dump_dir and rec.graph is not None:
+        out = Path(dump_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{plan.name}.{rec.kind}.txt").write_text(rec.text, encoding="utf-8")
