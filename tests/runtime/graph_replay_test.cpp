@@ -313,12 +313,14 @@ TEST(GraphReplay, CpuTwinEqualsStreamReplayOverStepsWithChangingInputs) {
   EXPECT_EQ(streams.replayStatus().summary, "stream replay");
 }
 
-// Graph replay runs on static copies; an input the step writes in place must
-// still change the caller's tensor, as it does with stream replay.
+// Graph replay runs on static copies; an input the step writes in place (a
+// data input, as a static KV cache is: parameters and buffers are read at
+// their own addresses instead, tested below) must still change the caller's
+// tensor, as it does with stream replay.
 TEST(GraphReplay, InputsWrittenInPlaceAreCopiedBackToTheCaller) {
   ir::Program p = ir::parseProgram(R"(
     program devices=2
-    graph @g(%x: f32[4] input {device=0}, %w: f32[4] param {device=1}) {
+    graph @g(%x: f32[4] input {device=0}, %w: f32[4] input {device=1}) {
       %h: f32[4] = aten::relu(%x) {device=0}
       %y: f32[4] = aten::mul.Tensor(%h, %w) {device=1}
       %w2: f32[4] = aten::add_.Tensor(%w, %h) {device=1}
@@ -345,6 +347,7 @@ TEST(GraphReplay, InputsWrittenInPlaceAreCopiedBackToTheCaller) {
     EXPECT_TRUE(at::equal(got[0].toTensor(), want[0].toTensor())) << step;
     EXPECT_TRUE(at::equal(w_twin, w_streams)) << "step " << step << ": the update was lost";
   }
+  EXPECT_EQ(twin.replayStatus().own_address_inputs, 0u);  // %w went through its static copy
 }
 
 // Note [Parameters at their own addresses]: a parameter or buffer already on
