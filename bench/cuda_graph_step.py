@@ -6,7 +6,10 @@ otherwise.
 The modelpar rows run the model's ATen inference graph (captured with
 torch.compile(backend="modelpar") on CPU, then planned with plan_graph on
 --devices logical devices, all mapped to cuda:0) through the Executor with
-replay="streams" and replay="graphs". Times are per step, after warm-up,
+replay="streams" and replay="graphs", each with ATen's kernels and with
+Inductor's (kernels="inductor": Note [Kernel regions]); torch.compile's
+mode="reduce-overhead" (Inductor + CUDA graphs) is the peer for the latter.
+Times are per step, after warm-up,
 measured with CUDA events around --steps steps (median of --repeats).
 
     PYTHONPATH=build/python python3 bench/cuda_graph_step.py [--devices 2] [--steps 50]
@@ -87,11 +90,18 @@ def main() -> int:
         cg = torch.compile(gpu_model, backend="cudagraphs")
         rows.append(('torch.compile(backend="cudagraphs")',
                      step_ms(lambda: cg(gpu_idx), args.steps, args.repeats), ""))
-    for replay in ("streams", "graphs"):
-        ex = modelpar.Executor(program, device_map="cuda:0", replay=replay)
-        ms = step_ms(lambda: ex.run(inputs), args.steps, args.repeats)
-        rows.append((f"modelpar Executor, {args.devices} logical devices on cuda:0, replay={replay}",
-                     ms, ex.replay_status()["summary"]))
+        torch._dynamo.reset()
+        ro = torch.compile(gpu_model, mode="reduce-overhead")
+        rows.append(('torch.compile(mode="reduce-overhead")',
+                     step_ms(lambda: ro(gpu_idx), args.steps, args.repeats), ""))
+    for kernels in ("aten", "inductor"):  # issue 38: Inductor's kernel regions
+        for replay in ("streams", "graphs"):
+            ex = modelpar.Executor(program, device_map="cuda:0", replay=replay, kernels=kernels)
+            ms = step_ms(lambda: ex.run(inputs), args.steps, args.repeats)
+            regions = f"; {ex.kernel_regions.summary()}" if ex.kernel_regions is not None else ""
+            rows.append((f"modelpar Executor, {args.devices} logical devices on cuda:0, "
+                         f"replay={replay}, kernels={kernels}", ms,
+                         ex.replay_status()["summary"] + regions))
 
     # The floor: the GPU time of the step's kernels (eager's, from the
     # profiler), with no launch gaps between them.

@@ -9,7 +9,10 @@ configurations a user would compare (issue 38):
 - ``mp-1f1b``: pipelined, 1F1B with 4 micro-batches on 2 CPU worker devices;
 - ``mp-auto``: ``strategy="auto"`` on 2 CPU worker devices (what it chose is
   printed; its first steps time the choice against one device, Note [Never
-  slower than one device]).
+  slower than one device]);
+- ``mp-1-inductor``, ``mp-1f1b-inductor``: ``mp-1`` and ``mp-1f1b`` with
+  ``kernels="inductor"`` (each run of a device's operators between transfers
+  compiled by Inductor: Note [Kernel regions]).
 
 Models (random init, nothing downloaded): a Llama-style decoder (RoPE, GQA:
 4 layers, hidden 256, 8 heads, 2 KV heads), a GPT-2-style decoder of the
@@ -35,6 +38,7 @@ import platform
 import statistics
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -51,6 +55,9 @@ CONFIGS: dict[str, dict[str, Any] | None] = {
     "mp-etf": {"devices": 2, "placer": "m-etf"},
     "mp-1f1b": {"devices": 2, "pipeline": {"schedule": "1f1b", "microbatches": 4}},
     "mp-auto": {"devices": 2, "strategy": "auto"},
+    "mp-1-inductor": {"kernels": "inductor"},
+    "mp-1f1b-inductor": {"devices": 2, "kernels": "inductor",
+                         "pipeline": {"schedule": "1f1b", "microbatches": 4}},
 }
 
 
@@ -91,9 +98,18 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return model(x, labels=y).loss
 
 
+def _own_code(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own. Dynamo caches compiled code per
+    code object, at most ``cache_size_limit`` (8) entries: every runner's
+    closure of one lambda would share one cache, and past 8 configurations
+    Dynamo runs the function eagerly, silently."""
+    code = fn.__code__.replace(co_name=f"step_{tag.replace('-', '_')}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
 def _step_fn(name: str, model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """The compiled (or eager) function returning the step's loss."""
-    fn = lambda x, y: _loss(model, x, y)  # noqa: E731
+    fn = _own_code(lambda x, y: _loss(model, x, y), name)
     if name == "eager":
         return fn
     if name == "compile":
@@ -124,6 +140,7 @@ class _Runner:
 
 
 def _bench(model_name: str, configs: list[str], warmup: int, rounds: int, steps: int) -> list[dict]:
+    torch._dynamo.reset()  # the previous model's compiled code and its memory
     base, batch = MODELS[model_name]()
     runners = []
     for name in configs:

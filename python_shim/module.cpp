@@ -21,6 +21,7 @@ void bindExecutor(py::module_& m);  // bind_executor.cpp: Executor (multi-device
 void bindRankExecutor(py::module_& m);  // bind_rank_executor.cpp: RankExecutor (one rank of a process group)
 void bindPlan(py::module_& m);  // bind_plan.cpp: plan_graph, PlacementPlan (passes/plan_placement.h)
 void bindPasses(py::module_& m);  // bind_passes.cpp: run_passes (passes/pass_registry.h)
+void bindKernelRegions(py::module_& m);  // bind_kernel_regions.cpp: fuse_kernel_regions (passes/lower/kernel_regions.h)
 void bindSearch(py::module_& m);  // bind_search.cpp: search_strategy (passes/search/strategy_search.h)
 }  // namespace modelpar
 
@@ -167,4 +168,5 @@ PYBIND11_MODULE(_C, m) {
   bindPlan(m);
   bindPasses(m);
   bindSearch(m);
+  bindKernelRegions(m);
 }

@@ -21,7 +21,7 @@ import torch
 import modelpar
 from modelpar import _C
 from models import CASES
-from tolerances import Reordered
+from tolerances import Compiled, Reordered
 from zoo import ZOO  # the models import transformers when built
 
 pytestmark = pytest.mark.skipif(
@@ -110,6 +110,20 @@ def test_graph_replay_training_equals_eager_and_captures() -> None:
     plan = _train("mlp", {"devices": 2, "device_map": "cuda:0", "cuda_graphs": True}, steps=4)
     text = str(plan)
     assert re.search(r"graph replay: \d+ CUDA graphs on 2 logical devices", text), text
+
+
+@pytest.mark.parametrize("cuda_graphs", [False, True])
+def test_inductor_kernel_regions_on_logical_devices_of_one_gpu_equal_eager(cuda_graphs: bool) -> None:
+    """kernels="inductor" on the GPU: Triton kernels per region (Note [Kernel
+    regions]), compiled in the warm-up step and, with graph replay, captured
+    in the CUDA graphs of later steps."""
+    plan = _train("gpt", {"devices": 2, "device_map": "cuda:0", "kernels": "inductor",
+                          "cuda_graphs": cuda_graphs}, steps=4,
+                  tol=Compiled(CASES["gpt"].tol.reduction, CASES["gpt"].tol.depth))
+    reports = [r for _, r in plan.kernel_regions]
+    assert reports and all(r.compiled_artifacts > 0 and not r.failed for r in reports), str(plan)
+    if cuda_graphs:
+        assert re.search(r"graph replay: \d+ CUDA graphs", str(plan)), str(plan)
 
 
 def test_cpu_model_with_cuda_device_map_trains_and_returns_to_the_callers_devices() -> None:

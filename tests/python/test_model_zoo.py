@@ -31,7 +31,7 @@ pytest.importorskip("transformers")
 
 import modelpar  # noqa: E402
 from ci_sample import FULL, full_only  # noqa: E402
-from tolerances import Reordered  # noqa: E402
+from tolerances import Compiled, Reordered  # noqa: E402
 from zoo import ZOO, ZooCase, checkpointed, dropping, frozen_first_half, lora_adapters  # noqa: E402
 
 MICROBATCHES = 2
@@ -90,13 +90,16 @@ def _reference_loss(case: ZooCase, model: torch.nn.Module, x: torch.Tensor, y: t
 
 
 def _run(name: str, mode: str, prepare=None, allow_random: bool = False,
-         device: str = "cpu") -> None:
+         device: str = "cpu", kernels: str = "aten") -> None:
     """``prepare``: applied to the model before it is copied for eager;
     ``allow_random``: the pipeline option's; ``device``: where the model,
     its batches and eager's copy live ("cuda": the plan's devices are
-    logical devices of cuda:0, tests/python/test_cuda.py)."""
+    logical devices of cuda:0, tests/python/test_cuda.py); ``kernels``: the
+    option's (``"inductor"``: Inductor's kernels, within tolerances.Compiled)."""
     case = ZOO[name]
     tol = case.tol.after(steps=STEPS)
+    if kernels != "aten":
+        tol = Compiled(tol.reduction, tol.depth, tol.steps)
     model = case.make_model()
     if prepare is not None:
         prepare(model)
@@ -107,6 +110,7 @@ def _run(name: str, mode: str, prepare=None, allow_random: bool = False,
     # Deferred batch norm normalises per micro-batch (see the module docstring).
     per_mb = pipelined and any(isinstance(m, torch.nn.BatchNorm2d) for m in model.modules())
     options = _options(mode)
+    options["kernels"] = kernels
     if device != "cpu":
         options["device_map"] = f"{torch.device(device).type}:0"
     if pipelined and allow_random:
@@ -172,6 +176,18 @@ CASES = [pytest.param(name, mode, marks=() if FULL or _sampled(name, mode) else
 @pytest.mark.parametrize("name,mode", CASES)
 def test_trains_like_eager(name: str, mode: str) -> None:
     _run(name, mode)
+
+
+# Inductor compiles every region of a model (tens of seconds a model and
+# mode on 2 cores): CI covers kernel regions in tests/python/test_kernel_regions.py
+# and MODELPAR_TEST_FULL=1 runs the zoo (Note [The CI sample]).
+INDUCTOR_MODES = ("one-device", "m-etf", "gpipe-except_last", "1f1b-except_last", "auto")
+
+
+@pytest.mark.parametrize("name,mode", [full_only(name, mode, id=f"{name}-{mode}")
+                                       for name in ZOO for mode in INDUCTOR_MODES])
+def test_trains_like_eager_with_inductor_kernels(name: str, mode: str) -> None:
+    _run(name, mode, kernels="inductor")
 
 
 def test_a_static_batch_needs_no_mark_dynamic_and_new_batch_sizes_replan() -> None:

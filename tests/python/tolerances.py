@@ -43,7 +43,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-__all__ = ["U", "LAMBDA", "Reordered", "assert_exact", "U_BF16", "assert_close_bf16"]
+__all__ = ["U", "LAMBDA", "Reordered", "Compiled", "assert_exact", "U_BF16", "assert_close_bf16"]
 
 U = 2.0 ** -24
 """fp32 unit roundoff."""
@@ -111,6 +111,43 @@ class Reordered:
             torch.testing.assert_close(actual, expected, **tol)
         else:
             torch.testing.assert_close(actual, expected, **tol, msg=msg)
+
+
+@dataclass(frozen=True)
+class Compiled(Reordered):
+    """The tolerance of fp32 results computed by Inductor's kernels
+    (``kernels="inductor"``: Note [Kernel regions]) against ATen's.
+
+    Inductor changes three things, each bounded:
+    - it reorders reductions (split and vectorised partial sums, Welford's
+      variance, an online softmax's running maximum): a sum in another
+      order, which ``Reordered`` already bounds;
+    - it fuses pointwise chains into one loop: each op's result is still
+      rounded to fp32, but a multiply feeding an add may contract to one
+      fused multiply-add (one rounding instead of two), at most one
+      rounding (u) of difference per op;
+    - its vectorised transcendental functions (exp, tanh, erf: Sleef's 1-ulp
+      versions) are not libm's (0.5 ulp): the two differ by at most about
+      1.5 ulp of the result, 2u relative.
+    So two implementations differ, on top of the reordering, by at most 2u
+    per pointwise op a value passes through, relative to the value (and in
+    units of the tensor's largest element for the absolute part).
+
+    Attributes:
+        pointwise: pointwise ops per layer a value passes through (an
+            activation, a norm's scale and shift, a residual add, a softmax's
+            exp and divide, an optimizer's update: 16 covers a transformer
+            block); it multiplies by depth and steps like the reductions.
+    """
+    pointwise: int = 16
+
+    @property
+    def rtol(self) -> float:
+        return super().rtol + 2 * self.pointwise * U * self.depth * self.steps
+
+    @property
+    def atol_per_unit(self) -> float:
+        return super().atol_per_unit + 2 * self.pointwise * U * self.depth * self.steps
 
 
 def assert_exact(actual: torch.Tensor, expected: torch.Tensor, msg=None) -> None:

@@ -47,6 +47,7 @@ import torch.fx
 from .. import _C
 from ..profiles.cpu import machine_for_options
 from ..errors import InvalidIrError, UnsupportedOpError
+from ..kernels import graph_with_kernel_regions
 from .bound_graphs import MultiDeviceGraph, RankGraph, output_homes, scalar_outputs, varying_inputs
 from .eager_fallback import eager_fallback
 from .fx_import import (GraphKind, InputRole, UnsupportedGraph, batch_symbol_aliases, import_graph,
@@ -338,8 +339,13 @@ class _Capture:
             elif self.opts.planned:
                 placement, compiled = self.place(graph, kind, imported, gm)
             else:
-                compiled = _C.CompiledGraph(graph, imported.output_map, imported.constants)
+                runs, regions = graph, None
+                if self.opts.kernels == "inductor":
+                    runs, regions = graph_with_kernel_regions(graph)
+                compiled = _C.CompiledGraph(runs, imported.output_map, imported.constants)
                 compiled._boxed_call = True  # called as compiled(args); see bind_compile.cpp
+                compiled.kernel_regions = regions  # they live as long as the compiled graph
+                self.plan.add_kernel_regions(f"{kind.value} graph", regions)
         except UnsupportedGraph as e:
             return self.fallback(gm, kind, graph, e.what, str(e), e)
         except UnsupportedOpError as e:
@@ -510,8 +516,10 @@ class _Capture:
             return Executor(placement.program, device_map=self.opts.executor_device_map,
                             threads_per_device=threads_per_worker(placement.program),
                             record_trace=self.opts.trace is not None,
-                            replay="graphs" if self.opts.cuda_graphs else "streams")
+                            replay="graphs" if self.opts.cuda_graphs else "streams",
+                            kernels=self.opts.kernels)
         ex = make_executor()
+        self.plan.add_kernel_regions(f"{kind.value} graph", ex.kernel_regions)
         self.executors[kind.value] = ex
         on_gpu = self.opts.executor_device_map.startswith("cuda")
         homes = output_homes(gm, kind, self.num_fwd_outputs) if on_gpu else None
@@ -530,6 +538,7 @@ class _Capture:
         """``program`` bound to this rank's RankExecutor (compile/rank_binding.py)."""
         ex, bound = bind_on_ranks(self.opts, self.plan, program, kind, imported, self.rank_device,
                                   self.fw_input_roles, self.num_fwd_outputs, scalars)
+        self.plan.add_kernel_regions(f"{kind.value} graph", ex.kernel_regions)
         self.executors[kind.value] = ex
         return bound
 

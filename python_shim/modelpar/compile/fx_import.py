@@ -44,6 +44,8 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..ir.torch_names import DTYPE_NAMES, LAYOUT_NAMES, MEMORY_FORMAT_NAMES
+
 __all__ = ["GraphKind", "InputRole", "ImportedGraph", "UnsupportedGraph", "import_graph",
            "layer_name", "source_name"]
 
@@ -86,18 +88,6 @@ class ImportedGraph:
 
 
 # ---- types ---------------------------------------------------------------------
-
-_DTYPES: dict[torch.dtype, str] = {
-    torch.bool: "bool", torch.uint8: "u8", torch.int8: "i8", torch.int16: "i16",
-    torch.int32: "i32", torch.int64: "i64", torch.float16: "f16", torch.bfloat16: "bf16",
-    torch.float32: "f32", torch.float64: "f64", torch.complex64: "c64", torch.complex128: "c128",
-    torch.float8_e4m3fn: "f8e4m3fn", torch.float8_e5m2: "f8e5m2",
-}
-_LAYOUTS = {torch.strided: "strided", torch.sparse_coo: "sparse_coo",
-            torch.sparse_csr: "sparse_csr", torch._mkldnn: "mkldnn"}  # type: ignore[attr-defined]
-_MEMORY_FORMATS = {torch.contiguous_format: "contiguous_format",
-                   torch.preserve_format: "preserve_format",
-                   torch.channels_last: "channels_last", torch.channels_last_3d: "channels_last_3d"}
 
 # Python operators on sizes -> modelpar::sym_* (runtime/sym_ops.h).
 _SYM_OPS: dict[Callable[..., Any], str] = {
@@ -169,7 +159,7 @@ def _type(val: Any, where: str, aliases: Mapping[Any, Any] | None = None) -> str
             raise UnsupportedGraph(f"tensor subclass {type(val).__name__}", where)
         if val.layout != torch.strided:
             raise UnsupportedGraph(f"{val.layout} tensor", where)
-        dtype = _DTYPES.get(val.dtype)
+        dtype = DTYPE_NAMES.get(val.dtype)
         if dtype is None:
             raise UnsupportedGraph(f"dtype {val.dtype}", where)
         return f"{dtype}[{', '.join(_dim(d, aliases) for d in val.shape)}]"
@@ -591,7 +581,7 @@ class _Importer:
                 x = args[0].meta.get("val") if isinstance(args[0], torch.fx.Node) else None
                 if not isinstance(x, torch.Tensor):
                     raise UnsupportedGraph("a dropout replay without a traced input", where)
-                return _type(x, where, self.aliases).replace(_DTYPES[x.dtype], _DTYPES[torch.bool], 1)
+                return _type(x, where, self.aliases).replace(DTYPE_NAMES[x.dtype], DTYPE_NAMES[torch.bool], 1)
         return "u8[0]"
 
     def output(self, node: torch.fx.Node) -> None:
@@ -656,8 +646,8 @@ class _Importer:
     def first_tensor_dtype(self, node: torch.fx.Node) -> str:
         for a in node.args:
             v = a.meta.get("val") if isinstance(a, torch.fx.Node) else None
-            if isinstance(v, torch.Tensor) and v.dtype in _DTYPES:
-                return _DTYPES[v.dtype]
+            if isinstance(v, torch.Tensor) and v.dtype in DTYPE_NAMES:
+                return DTYPE_NAMES[v.dtype]
         return "f32"
 
     def arg(self, a: Any, where: str) -> str:
@@ -681,15 +671,15 @@ class _Importer:
         if isinstance(a, (list, tuple)):
             return "[" + ", ".join(self.arg(x, where) for x in a) + "]"
         if isinstance(a, torch.dtype):
-            if a not in _DTYPES:
+            if a not in DTYPE_NAMES:
                 raise UnsupportedGraph(f"dtype {a}", where)
-            return f"dtype.{_DTYPES[a]}"
+            return f"dtype.{DTYPE_NAMES[a]}"
         if isinstance(a, torch.layout):
-            if a not in _LAYOUTS:
+            if a not in LAYOUT_NAMES:
                 raise UnsupportedGraph(f"layout {a}", where)
-            return f"layout.{_LAYOUTS[a]}"
+            return f"layout.{LAYOUT_NAMES[a]}"
         if isinstance(a, torch.memory_format):
-            return f"memory_format.{_MEMORY_FORMATS[a]}"
+            return f"memory_format.{MEMORY_FORMAT_NAMES[a]}"
         if isinstance(a, torch.device):
             return f"device({_string(str(a))})"
         raise UnsupportedGraph(f"argument of type {type(a).__name__}", where)

@@ -322,8 +322,13 @@ class PipelineStep:
             executors = [Executor(p, device_map=self.opts.executor_device_map,
                                   threads_per_device=threads_per_worker(p),
                                   record_trace=self.opts.trace is not None,
-                                  replay="graphs" if self.opts.cuda_graphs else "streams")
+                                  replay="graphs" if self.opts.cuda_graphs else "streams",
+                                  kernels=self.opts.kernels)
                          for p in programs]
+        for k, ex in enumerate(executors):
+            part = f", part {k + 1} of {len(executors)}" if len(executors) > 1 else ""
+            self.record.add_kernel_regions(f"step at batch {batch}{part}",
+                                           getattr(ex, "kernel_regions", None))
         built = _Built(plan, executors,
                        [{n: i for i, n in enumerate(p.graph.output_names)} for p in programs],
                        [list(p.graph.input_names) for p in programs])
@@ -401,7 +406,8 @@ class PipelineStep:
         ex = Executor(program, device_map=self.opts.executor_device_map,
                       threads_per_device=threads_per_worker(program),
                       record_trace=self.opts.trace is not None,
-                      replay="graphs" if self.opts.cuda_graphs else "streams")
+                      replay="graphs" if self.opts.cuda_graphs else "streams",
+                      kernels=self.opts.kernels)
         return _Built(plan, [ex], [{n: i for i, n in enumerate(program.graph.output_names)}],
                       [list(program.graph.input_names)])
 
@@ -465,7 +471,7 @@ class PipelineStep:
                             trains=self.graph_kind == "training", what=what,
                             # the second part's inputs are values the first left where made
                             check_inputs=self.opts.input_check_every if k == 0 else None,
-                            replicas=self.opts.dp_group,
+                            replicas=self.opts.dp_group, kernels=self.opts.kernels,
                             # Note [Gradients averaged over the replicas]
                             data_parallel=gradient_reducer(self.opts, self.record,
                                                            [o for o, _ in homes], what))

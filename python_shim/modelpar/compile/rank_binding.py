@@ -68,7 +68,7 @@ def bind_on_ranks(opts: CompileOptions, plan: Plan, program: Any, kind: GraphKin
                       # a backward's inputs are saved values, held where made
                       check_inputs=(None if kind is GraphKind.BACKWARD
                                     else opts.input_check_every),
-                      replicas=opts.dp_group,
+                      replicas=opts.dp_group, kernels=opts.kernels,
                       data_parallel=gradient_reducer(opts, plan, grads, what))
     return ex, RankGraph(ex, imported.output_map, imported.constants, plan, kind,
                     placeholders=kind is GraphKind.FORWARD)

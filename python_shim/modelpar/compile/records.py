@@ -163,7 +163,24 @@ class Plan:
     #: Under a mesh with a dp dimension: the GradientReducer of the step
     #: (distributed/data_parallel.py), whose summary plans() shows.
     data_parallel: Any = None
+    #: With ``kernels="inductor"``: (what, weak reference to its KernelRegions)
+    #: for each program run with kernel regions (Note [Kernel regions]); a
+    #: report goes with the compiled code that holds it.
+    _kernel_regions: list[tuple[str, Any]] = field(default_factory=list, repr=False)
     _pending_forward: Any = field(default=None, repr=False)
+
+    def add_kernel_regions(self, what: str, report: Any) -> None:
+        """Shows ``report`` (a KernelRegions, or None) in the summary while it lives."""
+        if report is not None:
+            self._kernel_regions.append((what, weakref.ref(report)))
+            self._kernel_regions = [(w, r) for w, r in self._kernel_regions if r() is not None]
+
+    @property
+    def kernel_regions(self) -> list[tuple[str, Any]]:
+        """With ``kernels="inductor"``: (what, KernelRegions) for each live
+        program (its regions, what they hold, what ran op by op and why,
+        regions Inductor could not compile)."""
+        return [(w, r()) for w, r in self._kernel_regions if r() is not None]
 
     @property
     def simulated_step_us(self) -> float | None:
@@ -405,6 +422,8 @@ class Plan:
             if self.trace_path:
                 lines.append(f"  traces: measured {self.trace_path}, simulated "
                              f"{self.simulated_trace_path}")
+        for what, report in self.kernel_regions:
+            lines.append(f"  {what}: " + str(report).replace("\n", "\n  "))
         if self.search is not None:
             chosen = self.search.candidates[self.search.chosen]
             lines.append(f"  strategy: auto, chose {chosen['label']} (simulated "

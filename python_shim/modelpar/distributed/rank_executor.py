@@ -33,6 +33,7 @@ from typing import Any
 
 from .. import _C
 from ..errors import ExecutionError, PeerError
+from ..kernels import with_kernel_regions
 from ..runtime.executor import outside_dispatch_modes
 from . import homes
 from .data_parallel import GradientReducer
@@ -123,8 +124,14 @@ class RankExecutor:
                  output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
                  record_trace: bool = False, trains: bool = True, what: str = "a step",
                  check_inputs: int | None = None, replicas: Any = None,
-                 data_parallel: GradientReducer | None = None) -> None:
+                 data_parallel: GradientReducer | None = None, kernels: str = "aten") -> None:
         import torch.distributed as dist
+        #: With ``kernels="inductor"``: the kernel regions (Note [Kernel
+        #: regions], kernels/regions.py); else None.
+        self.kernel_regions = None
+        planned = program  # what the ranks compare: region keys are this process's own
+        if kernels == "inductor":
+            program, self.kernel_regions = with_kernel_regions(program)
         self.group = group
         self.trains = trains  # a training graph's bindings are its parameters' homes
         self.backend = str(dist.get_backend(group))
@@ -160,7 +167,7 @@ class RankExecutor:
         self._run_start_ns = 0
         self.replica_check = None
         if replicas is not None and dist.get_world_size(replicas) > 1:
-            check_same_plan(str(program), replicas,
+            check_same_plan(str(planned), replicas,
                             f"{what} (over the data-parallel replicas of the mesh)", timeout_s)
             mine = [i for i, (r, d) in enumerate(zip(roles, self.input_devices))
                     if r != "input" and d == self.rank_now]

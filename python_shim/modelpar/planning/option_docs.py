@@ -100,6 +100,17 @@ OPTION_DOCS: dict[str, str] = {
         "CI). On an H100 graph-replayed training equals eager. A graph with a dynamic batch keeps "
         "one capture per input signature (batch size), at most 8, like torch's CUDA graph trees. "
         "Not over a process group yet."),
+    "kernels": (
+        "`\"aten\"`: every operator runs through the dispatcher, one ATen kernel each. "
+        "`\"inductor\"`: after placement, pipelining and lowering, each run of a device's "
+        "operators between transfers (one phase, one micro-batch) becomes one node of the "
+        "program, compiled by Inductor at its first call (C++/OpenMP kernels on CPU, Triton on "
+        "CUDA) and shared by the regions with the same code and input shapes (the micro-batches "
+        "of a stage). Random and in-place operators stay op by op (dropout keeps its per-node "
+        "seeding); a region Inductor cannot compile runs op by op; `print(plan)` lists the "
+        "regions, what ran op by op and why. The first step pays Inductor's compile time (seconds "
+        "per region on a small CPU), and planning does not yet cost the compiled kernels. See "
+        "[Kernels](executor.md#kernel-regions-kernelsinductor)."),
     "trace": (
         "None or a file path (`step.json`). After every step the measured Chrome trace (forward "
         "then backward executor) is written there and the simulated one beside it "

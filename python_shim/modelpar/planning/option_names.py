@@ -17,7 +17,7 @@ from .. import _C
 from ..errors import ConfigError
 
 __all__ = ["PLACERS", "PIPELINE_SCHEDULES", "PARTITION_METHODS", "CHECKPOINT_MODES",
-           "BATCH_NORM_MODES", "LOSS_REDUCTIONS", "STRATEGIES", "DEVICE_WORDS", "MAX_DEVICES",
+           "BATCH_NORM_MODES", "LOSS_REDUCTIONS", "STRATEGIES", "DEVICE_WORDS", "MAX_DEVICES", "KERNELS",
            "check_one_of", "check_devices"]
 
 # A build without passes/ (MODELPAR_WITH_PASSES=OFF) has no names: every
@@ -34,6 +34,9 @@ STRATEGIES: tuple[str, ...] = tuple(_NAMES.get("strategy", ()))
 #: Words ``devices`` takes besides a count: ``"world"`` (one device per rank).
 DEVICE_WORDS: tuple[str, ...] = tuple(_NAMES.get("devices", ()))
 MAX_DEVICES: int = int(_NAMES.get("max_devices", 64))
+#: What runs each device's operators (Note [Kernel regions], kernels/regions.py);
+#: Python-only: no C++ pass reads it.
+KERNELS: tuple[str, ...] = ("aten", "inductor")
 
 
 def check_one_of(who: str, option: str, value: Any) -> None:

@@ -23,6 +23,7 @@ silently ignored.
 | ``peer_timeout`` | seconds (float > 0) | 30 | works with a process group: how long a rank waits for a transfer with another rank before it raises ``ExecutionError`` naming the failed rank |
 | ``mesh`` | None, ``{"pp": P, "dp": D}`` or a ``torch.distributed.device_mesh.DeviceMesh`` with dims named ``"pp"`` and ``"dp"`` | None | works with ``devices="world"``: P x D must be the world size (ConfigError naming the sizes); each of the D data-parallel replicas runs the plan over its P ranks (its pp group; a dict is laid out pipeline outermost: rank r is stage r // D of replica r % D) and every stage's gradients are averaged over its dp group by bucketed c10d all-reduces before the backward returns them (distributed/mesh.py, distributed/data_parallel.py); not with ``process_group`` nor, for D > 1, ``strategy="auto"`` |
 | ``input_check_every`` | int >= 0 | 0 | works over a process group: the first step of every executor over ranks all-gathers a fingerprint (shape, dtype, 64 strided elements) of each data input over the ranks that must feed the same batch (one pipeline) and raises ConfigError on every rank naming the inputs and ranks that differ, before anything runs; N > 0 checks again every N steps, 0 never after the first (distributed/input_check.py) |
+| ``kernels`` | ``"aten"``, ``"inductor"`` | ``"aten"`` | works: ``"inductor"`` compiles each run of a device's operators between transfers (one phase, one micro-batch) with Inductor at its first call and runs it as one node of the program (Note [Kernel regions], modelpar/kernels/); random and in-place operators stay op by op; ``print(plan)`` lists the regions and what ran op by op and why |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
 
 Frameworks that call torch.compile for you (transformers' Trainer with
@@ -56,8 +57,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from ..errors import ConfigError
-from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, DEVICE_WORDS, LOSS_REDUCTIONS,
-                           MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS, STRATEGIES,
+from .option_names import (BATCH_NORM_MODES, CHECKPOINT_MODES, DEVICE_WORDS, KERNELS,
+                           LOSS_REDUCTIONS, MAX_DEVICES, PARTITION_METHODS, PIPELINE_SCHEDULES, PLACERS, STRATEGIES,
                            check_devices)
 
 __all__ = ["CompileOptions", "resolve_options", "VALID_MODES"]
@@ -153,6 +154,7 @@ class CompileOptions:
     peer_timeout: float = 30.0
     mesh: Any = None
     input_check_every: int = 0
+    kernels: str = "aten"
     mode: str = "default"
     #: Plan over the ranks of ``process_group`` (resolved: never None then).
     world: bool = False
@@ -352,6 +354,7 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
     dump_dir = _path("dump_dir", options.get("dump_dir", os.environ.get("MODELPAR_DUMP_DIR") or None),
                      "a directory path")
     partitioner = _choice("partitioner", options.get("partitioner", "default"), _PARTITIONERS)
+    kernels = _choice("kernels", options.get("kernels", "aten"), KERNELS)
     # torch.compile takes mode or options, never both: under max-autotune
     # (no options) the search gets one CPU worker device per core.
     autotune = mode.startswith("max-autotune")
@@ -485,4 +488,5 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                           cuda_graphs=cuda_graphs, trace=str(trace) if trace else None,
                           strategy=strategy, mode=mode, process_group=process_group,
                           peer_timeout=float(peer_timeout), world=world, mesh=mesh,
-                          input_check_every=input_check_every, dp_group=dp_group)
+                          input_check_every=input_check_every, dp_group=dp_group,
+                          kernels=kernels)

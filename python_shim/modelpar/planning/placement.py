@@ -22,7 +22,6 @@ import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Union
 
 import torch
@@ -30,6 +29,7 @@ import torch
 from .. import _C
 from ..errors import ConfigError
 from ..ir.text import Graph, load_graph
+from ..ir.torch_names import TORCH_DTYPES
 
 __all__ = ["PLACERS", "PlacementPlan", "CapturedPlacement", "calibrated_machine", "example_inputs",
            "parse_bytes", "plan_graph", "plan_joint", "profile_graph"]
@@ -204,11 +204,6 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                          [(str(k), int(v)) for k, v in (pinned_inputs or {}).items()])
 
 
-_DTYPES = {"bool": torch.bool, "u8": torch.uint8, "i8": torch.int8, "i16": torch.int16,
-           "i32": torch.int32, "i64": torch.int64, "f16": torch.float16, "bf16": torch.bfloat16,
-           "f32": torch.float32, "f64": torch.float64}
-
-
 def example_inputs(graph: Graph, symbol_sizes: dict[str, int] | None = None,
                    seed: int = 0) -> list[Any]:
     """Inputs of ``graph``'s types for timing it: floating tensors
@@ -231,7 +226,7 @@ def example_inputs(graph: Graph, symbol_sizes: dict[str, int] | None = None,
         elif kind == "bool":
             out.append(False)
         else:
-            dtype = _DTYPES.get(spec["dtype"])
+            dtype = TORCH_DTYPES.get(spec["dtype"])
             if dtype is None:
                 raise ConfigError(f"modelpar profile: input %{spec['name']} has dtype "
                                   f"{spec['dtype']}, which example_inputs cannot make")

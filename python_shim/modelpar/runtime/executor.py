@@ -13,6 +13,8 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C
 from .._C import Program
+from ..errors import ConfigError
+from ..kernels import with_kernel_regions
 from .interpreter import RuntimeValue
 
 __all__ = ["Executor", "capture_issues", "cuda_devices_built", "threads_per_worker"]
@@ -105,6 +107,10 @@ class Executor:
             slots hold after each instruction (a storage once however many
             values view it); see :meth:`memory_report`. Off, it costs a
             branch per instruction.
+        kernels: ``"aten"`` runs every operator through the dispatcher;
+            ``"inductor"`` compiles each run of a device's operators between
+            transfers with Inductor (Note [Kernel regions]; the report is
+            ``kernel_regions``).
 
     Raises:
         InvalidIrError: the program fails verification, or a node's arguments
@@ -131,7 +137,15 @@ class Executor:
         warmup_steps: int = 1,
         outputs_may_alias: bool = False,
         measure_memory: bool = False,
+        kernels: str = "aten",
     ) -> None:
+        #: With ``kernels="inductor"``: the program's kernel regions and how
+        #: each ran (Note [Kernel regions], kernels/regions.py); else None.
+        self.kernel_regions = None
+        if kernels == "inductor":
+            program, self.kernel_regions = with_kernel_regions(program)
+        elif kernels != "aten":
+            raise ConfigError(f"modelpar Executor: kernels must be 'aten' or 'inductor', got {kernels!r}")
         spec = device_map if isinstance(device_map, str) else ",".join(str(d) for d in device_map)
         self._ex = _C.Executor(
             program,
