@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ir/check.h"
+#include "ir/node_copy.h"
 #include "ir/verifier.h"
 
 namespace modelpar::passes {
@@ -241,35 +242,16 @@ KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& f
     const ir::Value& v = g.value(in.value);
     value_map[static_cast<size_t>(in.value)] = out.addInput(v.name, v.type, in.role, in.device);
   }
-  auto remapped = [&](std::vector<ir::Arg> args) {
-    for (ir::Arg& a : args) {
-      a.remapValues([&](ValueId v) {
-        ValueId m = value_map[static_cast<size_t>(v)];
-        MP_INTERNAL_ASSERT(m != ir::kNoId, "kernel-regions: value {} read before it is defined",
-                           g.value(v).name);
-        return m;
-      });
-    }
-    return args;
+  auto mapped = [&](ValueId v) {
+    ValueId m = value_map[static_cast<size_t>(v)];
+    MP_INTERNAL_ASSERT(m != ir::kNoId, "kernel-regions: value {} read before it is defined",
+                       g.value(v).name);
+    return m;
   };
   std::vector<NodeId> node_map(g.numNodes(), ir::kNoId);
   for (int item : order) {
     if (item >= 0) {
-      const ir::Node& node = g.node(item);
-      std::vector<std::pair<std::string, ir::Type>> outs;
-      for (ValueId v : node.outputs) outs.emplace_back(g.value(v).name, g.value(v).type);
-      NodeId m = out.addNode(node.qualifiedName(), remapped(node.args), std::move(outs));
-      ir::Node& copy = out.node(m);
-      copy.layer = node.layer;
-      copy.phase = node.phase;
-      copy.device = node.device;
-      copy.microbatch = node.microbatch;
-      copy.cost = node.cost;
-      copy.random = node.random;
-      if (node.outputs.empty()) out.setLabel(m, node.label);
-      for (size_t i = 0; i < node.outputs.size(); ++i) {
-        value_map[static_cast<size_t>(node.outputs[i])] = copy.outputs[i];
-      }
+      NodeId m = ir::copyNode(g, item, out, {.value = mapped}, &value_map);
       node_map[static_cast<size_t>(item)] = m;
       continue;
     }
@@ -283,7 +265,8 @@ KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& f
                               ir::Arg::list(std::move(sizes))};
     std::vector<std::pair<std::string, ir::Type>> outs;
     for (ValueId v : k.outputs) outs.emplace_back(g.value(v).name, g.value(v).type);
-    NodeId m = out.addNode(options.op, remapped(std::move(args)), std::move(outs));
+    for (ir::Arg& a : args) a.remapValues(mapped);
+    NodeId m = out.addNode(options.op, std::move(args), std::move(outs));
     ir::Node& node = out.node(m);
     const ir::Node& first = g.node(k.nodes.front());
     node.layer = commonLayer(g, k.nodes);

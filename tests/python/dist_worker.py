@@ -64,7 +64,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import modelpar  # noqa: E402
 from models import CASES, GRAPH_BREAKS, MLP  # noqa: E402
-from tolerances import Reordered  # noqa: E402
+from tolerances import Compiled, Reordered  # noqa: E402
 
 
 def _device() -> torch.device:
@@ -126,7 +126,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
     $MODELPAR_TEST_CACHE_ROOT/rank<r>, and the calibrated profile on), or
     "outside" (the model alone compiled, its loss computed outside: GPipe
     runs as two programs, the forward's and the backward's; the last step at
-    a new batch size)."""
+    a new batch size), or "inductor" (kernels="inductor")."""
     if extra == "own-cache":
         os.environ["XDG_CACHE_HOME"] = os.path.join(os.environ["MODELPAR_TEST_CACHE_ROOT"],
                                                     f"rank{dist.get_rank()}")
@@ -166,6 +166,9 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
             options["pipeline"].update(checkpoint="never", allow_random=True)
     if trace_dir:
         options["trace"] = os.path.join(trace_dir, "step.json")
+    if extra == "inductor":  # Note [Kernel regions]: within tolerances.Compiled
+        options["kernels"] = "inductor"
+        tol = Compiled(tol.reduction, tol.depth, tol.steps)
 
     def step_fn(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return case.loss(model, x, y)

@@ -395,6 +395,15 @@ def test_what_rank_0_measures_or_raises_reaches_every_rank() -> None:
                                    "layer fc1 needs 9 MiB on device 0")
 
 
+@pytest.mark.parametrize("schedule", [full_only("none"), "1f1b"])
+def test_inductor_kernel_regions_over_ranks_train_like_eager(schedule: str) -> None:
+    # kernels="inductor" (Note [Kernel regions]): each rank compiles the runs
+    # of its own instructions between transfers; losses and parameters after
+    # 3 steps equal eager within tolerances.Compiled (checked on every rank).
+    results = _all_ok(_launch(2, "train", "mlp", "3", schedule, "inductor"))
+    assert all(r["losses"] == results[0]["losses"] for r in results)
+
+
 @pytest.mark.parametrize("schedule", ["none", "gpipe"])
 def test_released_parameters_of_other_ranks_are_never_read(schedule: str) -> None:
     # After step 0 each rank fills the parameters other ranks own with NaN
