@@ -136,7 +136,9 @@ OPTION_DOCS: dict[str, str] = {
         "a count, must equal its size). None with `devices=\"world\"`: the default group."),
     "peer_timeout": (
         "Seconds (a number > 0), only with a process group: how long a rank waits for a transfer "
-        "with another rank before it raises `ExecutionError` naming the rank that failed."),
+        "with another rank before it raises `ExecutionError` naming the rank that failed. With "
+        "`kernels=\"inductor\"` it waits 600 s longer, since a peer may be compiling its regions "
+        "in the step (a rank that raises is still named at once)."),
     "mesh": (
         "None, `{\"pp\": P, \"dp\": D}` or a `torch.distributed.device_mesh.DeviceMesh` with dims "
         "named `\"pp\"` and `\"dp\"`, with `devices=\"world\"`: P x D must be the world size. Each "
