@@ -110,6 +110,11 @@ def _replicas_differ(names: str, detail: str) -> str:
             "(torch.manual_seed), or load the same checkpoint on every rank")
 
 
+#: Seconds a rank waits for a peer beyond ``peer_timeout`` when regions
+#: compile in the step (Note [Peers wait for a compiling rank]).
+COMPILE_WAIT_S = 600.0
+
+
 class RankExecutor:
     """Runs rank ``rank``'s instruction list of ``program`` (a Program with
     one device per rank of ``group``) on the C++ rank executor.
@@ -143,7 +148,14 @@ class RankExecutor:
         self.state_inputs = [role != "input" for role in _C.graph_input_roles(program.graph)]
         self.written_inputs = list(_C.graph_written_inputs(program.graph))
         reverse = _reverse_group(group, self.backend)
-        self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=timeout_s,
+        # Note [Peers wait for a compiling rank]: with kernels="inductor" a
+        # rank compiles each of its regions at their first call (seconds to a
+        # minute each on a small CPU), in the middle of the step, while its
+        # peers wait at a recv; they wait up to COMPILE_WAIT_S longer than
+        # peer_timeout. A rank that raises still closes its connections and
+        # is named at once; only a hung rank is found later.
+        wait_s = timeout_s + (COMPILE_WAIT_S if kernels == "inductor" else 0.0)
+        self._ex = _C.RankExecutor(program, group_name=group.group_name, timeout_s=wait_s,
                                    device=device, replicated_outputs=list(replicated_outputs),
                                    output_homes=[tuple(h) for h in output_homes], verify=verify,
                                    record_trace=record_trace,
