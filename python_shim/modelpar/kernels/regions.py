@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import itertools
 import threading
 import weakref
 from collections.abc import Iterator, Sequence
@@ -57,7 +56,7 @@ _LIBRARY = torch.library.Library("modelpar_kernels", "DEF")
 _LIBRARY.define("region(int key, Tensor[] inputs, SymInt[] sizes) -> Tensor[]")
 
 _LIVE: "weakref.WeakValueDictionary[int, KernelRegion]" = weakref.WeakValueDictionary()
-_NEXT_KEY = itertools.count()
+_next_key = 0  # the first key of the next program's regions (under _KEY_LOCK)
 _KEY_LOCK = threading.Lock()
 _COMPILE_LOCK = threading.Lock()
 # (FX code, input signature) -> compiled callable; shared by regions.
@@ -249,10 +248,9 @@ def with_kernel_regions(program: Any, min_nodes: int = 2) -> tuple[Any, KernelRe
     regions]), and their report. Keep the report as long as the program runs."""
     calls = _C.node_calls(program.graph)
     reasons = [why_not_fusible(c) for c in calls]
-    with _KEY_LOCK:
-        first_key = next(_NEXT_KEY)
-        for _ in range(len(calls)):  # room for every region of this program
-            next(_NEXT_KEY)
+    global _next_key
+    with _KEY_LOCK:  # room for every region of this program: at most one per node
+        first_key, _next_key = _next_key, _next_key + len(calls) + 1
     fused, found = _C.fuse_kernel_regions(program, [r is None for r in reasons], first_key,
                                           min_nodes)
     regions = [KernelRegion(r["key"], r["device"], list(r["nodes"]), list(r["inputs"]),
