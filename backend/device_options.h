@@ -1,6 +1,6 @@
 // The device's options (modelpar::Options in include/modelpar/modelpar.h):
 // the up-front check, with torch.compile's option names, values and words
-// (passes/option_names.h, python_shim/modelpar/options.py), and what they
+// (passes/option_names.h, python/modelpar/planning/options.py), and what they
 // ask of a sync.
 #pragma once
 

@@ -456,7 +456,7 @@ void Session::evictTo(size_t keep) {
 }
 
 std::string Session::summaryOf(const CachedPlan& p) const {
-  // The layout of torch.compile's Plan.summary() (python_shim/modelpar/plan.py).
+  // The layout of torch.compile's PlanRecord.summary() (python/modelpar/compile/records.py).
   const StepRunner& r = *p.runner;
   const ir::Graph& g = r.graph();
   int64_t params = 0, buffers = 0;

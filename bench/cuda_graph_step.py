@@ -79,7 +79,7 @@ def main() -> int:
     program = placement.program
     inputs = [x.cuda() if isinstance(x, torch.Tensor) else x
               for x in modelpar.planning.placement.example_inputs(graph)]
-    issues = modelpar.runtime.executor.capture_issues(program, "cuda:0")
+    issues = modelpar.runtime.executor.cuda_graph_issues(program, "cuda:0")
 
     rows: list[tuple[str, float, str]] = []
     gpu_model = model

@@ -13,7 +13,7 @@ What it does, per model of tests/python/models.py:
    samples, least squares, plus the executor's measured hand-off per
    transfer), unless ``--machine`` is given. Node costs are measured:
    ``torch.compile(backend="modelpar", options={"devices": 2})`` captures
-   the forward and backward graphs and how they join (``Plan.joint_links``);
+   the forward and backward graphs and how they join (``PlanRecord.joint_links``);
    each graph is timed node by node on one CPU worker (``profile_graph``,
    the median of ``--profile-runs``).
 2. For N in 1, 2, 4: ``plan_joint`` places forward and backward as one with

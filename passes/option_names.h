@@ -1,6 +1,6 @@
 // The names users type for modelpar's planning options, their valid values,
 // and the checks, defined once. passes/ checks with them; the Python package
-// reads them from `modelpar._C.option_names()` (python_shim/bind_passes.cpp)
+// reads them from `modelpar._C.option_names()` (python/bind_passes.cpp)
 // instead of keeping copies, so C++ and Python accept and refuse the same.
 //
 // Example:
@@ -43,7 +43,7 @@ inline constexpr std::string_view kLossReductionNames[] = {"auto", "mean", "sum"
 inline constexpr std::string_view kStrategyNames[] = {"manual", "auto"};
 
 /// `devices` given as a word instead of a count: one logical device per rank
-/// of the torch.distributed process group (python_shim/modelpar/distributed.py).
+/// of the torch.distributed process group (python/modelpar/distributed/rank_executor.py).
 inline constexpr std::string_view kDeviceWordNames[] = {"world"};
 
 /// One option and its valid values, for listing (modelpar._C.option_names()).

@@ -5,7 +5,7 @@
 // and their checks, and the Chrome trace of a plan's simulated step; through
 // them the machine (DeviceModel, parseBytes) and the cost options.
 //
-// Code that binds or benchmarks one pass on its own (python_shim's
+// Code that binds or benchmarks one pass on its own (python/'s
 // `microbatch`, `checkpoint`, `partition` bindings, bench/, tests/passes/)
 // includes that pass's header beside this one: a pass's header is its
 // specification (STYLE.md), and the facade does not re-export every pass.

@@ -23,7 +23,7 @@
 //     a `zero_tangents` bw input becomes `aten::zeros_like(<forward
 //     output>)`: a gradient the caller holds to be zero (a step run as one
 //     program seeds the loss alone: Note [Only the loss has a gradient] in
-//     python_shim/modelpar/compile_pipeline.py);
+//     python/modelpar/compile/pipeline_step.py);
 //   * nodes: fw's nodes, then bw's, arguments rewired; a bw output or label
 //     whose name is taken gets a `bw.` prefix; layer, phase, microbatch and
 //     cost are kept, devices dropped;

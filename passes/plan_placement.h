@@ -1,4 +1,4 @@
-// The model-parallel pass pipeline, passes/' entry point (ARCHITECTURE.md:
+// The model-parallel sequence of passes, passes/' entry point (ARCHITECTURE.md:
 // `planPlacement(Graph, Options) -> PlacementPlan`, the Program plus its report):
 //
 //   cost → coarsen (optional) → place-mtopo | place-metf | place-msct → lower → simulate

@@ -4,7 +4,7 @@
 //
 // Over a process group an inference graph planned apart moves each parameter
 // it binds away from its training home back there (Note [One home per
-// parameter] in python_shim/modelpar/distributed.py). The plan people read
+// parameter] in python/modelpar/distributed/homes.py). The plan people read
 // (plans(), its summary, its simulated trace) must be the program that runs:
 // its step counts the transfers the move adds, its peak memory the copies
 // they leave where the inputs are read (parameters themselves are counted by

@@ -1,7 +1,7 @@
 // MP_RT_CHECK / MP_RT_THROW / MP_RT_INTERNAL_ASSERT: the runtime's typed checks. Like ir/check.h but
 // the message is built with c10::str (runtime/ links PyTorch, whose bundled
 // fmt differs from ours), and the thrown type is a modelpar::Error subclass so
-// that python_shim maps it to the matching Python exception.
+// that python/ maps it to the matching Python exception.
 #pragma once
 
 #include <c10/util/StringUtil.h>

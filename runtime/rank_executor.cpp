@@ -79,7 +79,7 @@ namespace modelpar::runtime {
 // order, and a send larger than NCCL's buffers completes only once its
 // receive runs, so a pair whose ranks each send before they receive could
 // wait on each other's stream where the Program's buffered sends do not.
-// With `reverse_group` (modelpar/distributed.py makes one over NCCL) the
+// With `reverse_group` (modelpar/distributed/rank_executor.py makes one over NCCL) the
 // transfers from a higher rank to a lower one go over that group: each
 // direction is a FIFO of its own, receives come in send order (Note
 // [Receiving in send order]), and a send waits only for its data and for

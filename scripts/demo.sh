@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The demo on a fresh machine: sets up (scripts/setup.sh), builds the Python
 # extension alone (MODELPAR_BUILD_TARGETS=_C: not the C++ tests), and runs
-# `python -m modelpar demo` (python_shim/modelpar/demo/): a small Llama from
+# `python -m modelpar demo` (python/modelpar/demo/): a small Llama from
 # transformers trained on one device, placed and pipelined on 4 CPU worker
 # devices and by strategy="auto", each checked against eager; the traces and
 # pipeline_timeline.png go to modelpar-demo/. Arguments go to the demo

@@ -8,7 +8,7 @@
    --strict``) for every
    - inline code span naming a file of this repository that does not exist
      (``passes/place/place_metf.cpp``, ``compile/pipeline_step.py`` below
-     python_shim/modelpar/, a bare ``fx_import.py``);
+     python/modelpar/, a bare ``fx_import.py``);
    - ``Note [Title]`` that no source file defines;
    - ``modelpar.name.name`` that does not resolve in the built package, or
      resolves only through a deprecated alias;
@@ -34,11 +34,11 @@ _NOT_OUR_FILES = {"design/algorithms.md"}
 # A path is checked when its first part is one of these (top-level folders,
 # the Python package and its subpackages, passes/' groups); anything else in
 # a code span (`step.json`, `~/.cache/...`, `build/...`) is the user's.
-_TOP = {"ir", "passes", "runtime", "capture", "backend", "include", "python_shim", "tests",
+_TOP = {"ir", "passes", "runtime", "capture", "backend", "include", "python", "tests",
         "examples", "bench", "scripts", "docs", "modelpar", "compile", "planning", "profiles",
         "distributed", "device", "cost", "place", "pipeline", "lower", "search", ".ci"}
 # Where a path may be relative to: the root, the package, passes/, include/.
-_BASES = ("", "python_shim/", "python_shim/modelpar/", "passes/", "include/")
+_BASES = ("", "python/", "python/modelpar/", "passes/", "include/")
 _SOURCE_SUFFIXES = (".py", ".cpp", ".h", ".cu", ".cmake", ".txt", ".sh")
 _SPAN = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _FENCE = re.compile(r"^( *)(```|~~~).*?^\1\2", re.M | re.S)

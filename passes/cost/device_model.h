@@ -63,7 +63,7 @@ class DeviceModel {
   void setDefaultLink(LinkSpec link);
   /// A fixed cost of every step, whatever runs in it: the runtime waking its
   /// device workers and collecting their results (CPU workers: tens of
-  /// microseconds; modelpar/cpu_profile.py measures it). simulate() adds it
+  /// microseconds; modelpar/profiles/calibration.py measures it). simulate() adds it
   /// to the step time. 0 by default.
   double stepOverheadUs() const { return step_overhead_us_; }
   /// Throws ConfigError unless 0 <= us < infinity.
@@ -78,14 +78,14 @@ class DeviceModel {
   void setHostCores(double cores);
   /// What issuing a send costs the sending device's compute stream (CPU
   /// workers: handing the value to the copy thread and waking the receiver,
-  /// about 10 us; modelpar/cpu_profile.py measures it). simulate() adds it
+  /// about 10 us; modelpar/profiles/calibration.py measures it). simulate() adds it
   /// to the run before each send. 0 by default.
   double sendOverheadUs() const { return send_overhead_us_; }
   /// Throws ConfigError unless 0 <= us < infinity.
   void setSendOverheadUs(double us);
   /// What each device of a program beyond the first adds to the step's
   /// fixed cost (CPU workers: waking one more worker and waiting for it;
-  /// modelpar/cpu_profile.py measures it). simulate() adds it (devices - 1)
+  /// modelpar/profiles/calibration.py measures it). simulate() adds it (devices - 1)
   /// times. 0 by default.
   double workerOverheadUs() const { return worker_overhead_us_; }
   /// Throws ConfigError unless 0 <= us < infinity.

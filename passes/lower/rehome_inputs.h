@@ -5,7 +5,7 @@
 // Over a process group a rank's optimizer updates only the parameters it
 // binds, so every graph compiled for a model must bind each parameter on the
 // rank the training step does (Note [One home per parameter] in
-// python_shim/modelpar/distributed.py). A graph planned apart (an inference
+// python/modelpar/distributed/homes.py). A graph planned apart (an inference
 // graph, a pipeline's forward-only partition) may place a parameter
 // elsewhere; this pass moves it home without re-planning the graph:
 //

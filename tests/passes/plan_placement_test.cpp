@@ -1,4 +1,4 @@
-// planPlacement(): the pass pipeline end to end on hand-computed graphs, its option
+// planPlacement(): the sequence of passes end to end on hand-computed graphs, its option
 // checks, verification naming the pass, dumps, progress, statistics, and the
 // caller's graph left untouched when anything throws.
 #include "passes/plan_placement.h"

@@ -41,7 +41,7 @@ def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {**dict(m.named_parameters()), **dict(m.named_buffers())}
 
 
-def _train_and_compare(name: str, devices: int, placer: str = "m-etf") -> modelpar.compile.records.Plan:
+def _train_and_compare(name: str, devices: int, placer: str = "m-etf") -> modelpar.compile.records.PlanRecord:
     """Outputs, gradients and 3 momentum-SGD steps against eager; returns the plan."""
     case = CASES[name]
     tol = case.tol.after(steps=3)

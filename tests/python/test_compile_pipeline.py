@@ -1,6 +1,6 @@
 """torch.compile(..., options={"devices": N, "pipeline": {...}}): the
 training step micro-batched, cut into stages and run as a pipelined program
-on CPU worker devices (python_shim/modelpar/compile/pipeline_step.py).
+on CPU worker devices (python/modelpar/compile/pipeline_step.py).
 
 Transparency: outputs, the loss and every gradient equal eager PyTorch on
 the U-Net, the GPT decoder and the Inception model for {gpipe, 1f1b} x
@@ -56,7 +56,7 @@ def _pipeline(**kw) -> dict:
 
 
 def _loss_inside(name: str, devices: int, batches: list[int], options: dict | None = None,
-                 **pipeline) -> modelpar.compile.records.Plan:
+                 **pipeline) -> modelpar.compile.records.PlanRecord:
     """Compiles model + loss (step mode); loss and gradients equal eager for
     each batch size."""
     case = CASES[name]
@@ -84,7 +84,7 @@ def _loss_inside(name: str, devices: int, batches: list[int], options: dict | No
     return plan
 
 
-def _loss_outside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.compile.records.Plan:
+def _loss_outside(name: str, devices: int, batches: list[int], **pipeline) -> modelpar.compile.records.PlanRecord:
     """Compiles the model only (split mode): outputs and gradients equal
     eager for each batch size."""
     case = CASES[name]

@@ -51,7 +51,7 @@ def _state(m: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _train(name: str, options: dict, *, model_device: str = "cuda", steps: int = 3,
-           tol: Reordered | None = None) -> modelpar.compile.records.Plan:
+           tol: Reordered | None = None) -> modelpar.compile.records.PlanRecord:
     """Outputs, first-step gradients, and parameters and buffers after
     `steps` momentum-SGD steps equal eager on the GPU; returns the plan."""
     case = CASES[name]

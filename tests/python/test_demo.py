@@ -1,4 +1,4 @@
-"""``python -m modelpar demo`` (python_shim/modelpar/demo/): its quick form
+"""``python -m modelpar demo`` (python/modelpar/demo/): its quick form
 trains a 2-layer transformers Llama eagerly and through a 1F1B pipeline on 4
 CPU worker devices, checks the pipeline against eager and writes the trace
 and the picture; and the picture's blocks follow the schedule."""

@@ -1,5 +1,5 @@
 """Plans over the ranks of a torch.distributed process group
-(``options={"devices": "world"}``, python_shim/modelpar/distributed/rank_executor.py and
+(``options={"devices": "world"}``, python/modelpar/distributed/rank_executor.py and
 runtime/rank_executor.h): N processes on localhost with Gloo, each running
 tests/python/dist_worker.py, every wait bounded.
 

@@ -195,8 +195,8 @@ def test_graph_replay_on_cpu_workers_equals_stream_replay_and_says_why_not_captu
     assert streams.replay_status()["summary"] == "stream replay"
 
 
-def test_capture_issues_answer_for_a_gpu_without_one():
-    assert modelpar.runtime.executor.capture_issues(modelpar.ir.load_program(MLP), "cuda:0") == []
+def test_cuda_graph_issues_answer_for_a_gpu_without_one():
+    assert modelpar.runtime.executor.cuda_graph_issues(modelpar.ir.load_program(MLP), "cuda:0") == []
     program = modelpar.parse_program(
         """
         program devices=1
@@ -207,7 +207,7 @@ def test_capture_issues_answer_for_a_gpu_without_one():
         device 0 {
           run %n
         }""")
-    [issue] = modelpar.runtime.executor.capture_issues(program, "cuda:0")
+    [issue] = modelpar.runtime.executor.cuda_graph_issues(program, "cuda:0")
     assert (issue["device"], issue["instruction"]) == (0, 0)
     assert "aten::nonzero" in issue["what"]
     with pytest.raises(modelpar.ConfigError, match="replay must be"):

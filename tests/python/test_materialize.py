@@ -1,5 +1,5 @@
 """modelpar.distributed.materialize.materialize_all / materialize / untouched_like in one process
-(python_shim/modelpar/distributed/materialize.py); the ranks' side is in
+(python/modelpar/distributed/materialize.py); the ranks' side is in
 test_distributed.py (a model built on the meta device trains like eager;
 each rank's pages of other ranks' parameters are never resident).
 

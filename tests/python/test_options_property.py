@@ -2,7 +2,7 @@
 
 ``modelpar.planning.options.resolve_options(options, mode)`` is the one gate every
 ``torch.compile(..., backend="modelpar", options=..., mode=...)`` passes
-through before anything is traced. Its contract (python_shim/modelpar/planning/options.py):
+through before anything is traced. Its contract (python/modelpar/planning/options.py):
 
 - every valid option dict resolves, to the values given (defaults filled in);
 - every invalid one — a wrong type, an int out of range, an unknown key (of any

@@ -13,7 +13,7 @@ import pytest
 
 import modelpar
 
-PACKAGE = Path(__file__).resolve().parents[2] / "python_shim" / "modelpar"
+PACKAGE = Path(__file__).resolve().parents[2] / "python" / "modelpar"
 
 
 def _modules() -> dict[str, Path]:
@@ -140,3 +140,28 @@ def test_old_top_level_names_warn_and_name_their_new_home() -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert modelpar.plan_graph is modelpar.planning.placement.plan_graph  # current: no warning
+
+
+def test_renamed_names_warn_and_name_their_new_spelling() -> None:
+    """Names that meant two things were renamed; the old spellings still work
+    for one release, at the top level and in their modules."""
+    from modelpar.compile.records import PlanRecord
+    from modelpar.planning.placement import JointPlacement
+    from modelpar.runtime.executor import cuda_graph_issues
+    renamed = [(modelpar, "Plan", r"modelpar\.compile\.records\.PlanRecord", PlanRecord),
+               (modelpar.compile.records, "Plan", r"modelpar\.compile\.records\.PlanRecord", PlanRecord),
+               (modelpar, "CapturedPlacement", r"modelpar\.planning\.placement\.JointPlacement",
+                JointPlacement),
+               (modelpar.planning.placement, "CapturedPlacement",
+                r"modelpar\.planning\.placement\.JointPlacement", JointPlacement),
+               (modelpar, "capture_issues", r"modelpar\.runtime\.executor\.cuda_graph_issues",
+                cuda_graph_issues),
+               (modelpar.runtime.executor, "capture_issues",
+                r"modelpar\.runtime\.executor\.cuda_graph_issues", cuda_graph_issues),
+               (modelpar.device, "DevicePlan", r"modelpar\.device\.DevicePlanRecord",
+                modelpar.device.DevicePlanRecord)]
+    for module, old, new, obj in renamed:
+        with pytest.warns(DeprecationWarning, match=new):
+            assert getattr(module, old) is obj
+    with pytest.raises(AttributeError, match="has no attribute 'Plans'"):
+        modelpar.compile.records.Plans  # noqa: B018

@@ -1,7 +1,7 @@
-"""Model-parallel planning from Python: modelpar.plan_graph (the pass pipeline
+"""Model-parallel planning from Python: modelpar.plan_graph (the sequence of passes
 cost → coarsen → place → lower → simulate), its summary and trace, memory
 strings, errors, the ``python -m modelpar plan`` command line, and
-``Plan.place`` on a graph captured by torch.compile."""
+``PlanRecord.place`` on a graph captured by torch.compile."""
 from __future__ import annotations
 
 import json

@@ -98,7 +98,7 @@ def test_the_readmes_links_and_files_exist() -> None:
                 missing.append(target)
     for span in re.findall(r"`([\w./-]+/[\w./-]*)`", text):
         if span.split("/")[0] in {"ir", "passes", "runtime", "capture", "backend", "include",
-                                  "python_shim", "tests", "examples", "bench", "scripts", "docs"}:
+                                  "python", "tests", "examples", "bench", "scripts", "docs"}:
             if not (root / span).exists():
                 missing.append(span)
     assert not missing, f"README names what is not there: {missing}"

@@ -1,5 +1,5 @@
 // Python <-> IValue conversion (see value_conversion.h).
-#include "python_shim/value_conversion.h"
+#include "python/value_conversion.h"
 
 #include <string>
 #include <utility>

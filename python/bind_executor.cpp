@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ir/program.h"
-#include "python_shim/value_conversion.h"
+#include "python/value_conversion.h"
 #include "runtime/capture_check.h"
 #include "runtime/check.h"
 #include "runtime/device.h"

@@ -1,4 +1,4 @@
-// modelpar._C.plan_graph and PlacementPlan: the model-parallel pass pipeline
+// modelpar._C.plan_graph and PlacementPlan: the model-parallel sequence of passes
 // (passes/plan_placement.h) from Python. modelpar/planning.py wraps plan_graph
 // with argument parsing (memory strings, paths); the CLI and PlacementPlan.place use it.
 #include <torch/csrc/utils/pybind.h>

@@ -14,7 +14,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
 #include "ir/program.h"
-#include "python_shim/value_conversion.h"
+#include "python/value_conversion.h"
 #include "runtime/check.h"
 #include "runtime/execution_trace.h"
 #include "runtime/rank_executor.h"

@@ -19,7 +19,7 @@ import torch.fx
 
 from .. import _C
 from .fx_import import GraphKind
-from .records import Plan
+from .records import PlanRecord
 
 __all__ = ["MAX_CAPTURES", "MultiDeviceGraph", "RankGraph", "output_homes", "scalar_outputs",
            "varying_inputs"]
@@ -29,10 +29,10 @@ class MultiDeviceGraph:
     """A graph bound to a multi-device Executor, called boxed by
     AOTAutograd (``f(args)``, args emptied); per call only the arguments
     are passed on and the outputs picked, and the step's wall time goes to
-    the plan (``Plan.record_run``)."""
+    the plan (``PlanRecord.record_run``)."""
 
     def __init__(self, executor: Any, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
+                 constants: Sequence[torch.Tensor], plan: PlanRecord, kind: GraphKind,
                  homes: Sequence[torch.device | None] | None = None,
                  make_executor: Callable[[], Any] | None = None,
                  varying: Sequence[int] = ()) -> None:
@@ -150,7 +150,7 @@ class RankGraph(MultiDeviceGraph):
     them for the backward, which only reads the ones on its own rank."""
 
     def __init__(self, executor: Any, output_map: Sequence[int],
-                 constants: Sequence[torch.Tensor], plan: Plan, kind: GraphKind,
+                 constants: Sequence[torch.Tensor], plan: PlanRecord, kind: GraphKind,
                  placeholders: bool) -> None:
         super().__init__(executor, output_map, constants, plan, kind)
         self.placeholders = placeholders

@@ -16,7 +16,7 @@ a new one). For each, the backend:
    multi-device Executor, built once per graph; an inference graph is
    planned alone. Each step's wall time is recorded in the plan, and with
    ``trace`` the measured and simulated Chrome traces are written;
-4. records a ``Plan`` (compile/records.py) and, with ``dump_dir`` /
+4. records a ``PlanRecord`` (compile/records.py) and, with ``dump_dir`` /
    ``MODELPAR_DUMP_DIR``, writes the IR text.
 
 A graph the runtime cannot run (a higher-order op, an opaque callable, an
@@ -56,7 +56,7 @@ from .joint_links import link_joint_graphs
 from ..ir.text import parse_graph
 from ..planning.options import CompileOptions, resolve_options
 from .rank_binding import bind_on_ranks
-from .records import GraphRecord, Plan, new_plan, record_graph
+from .records import GraphRecord, PlanRecord, new_plan, record_graph
 from .unpipelined import why_not_pipelined
 
 __all__ = ["modelpar_backend"]
@@ -268,7 +268,7 @@ class _Capture:
     """The AOTAutograd compilers of one Dynamo graph; they share the plan and
     the forward's seq_nr -> layer map, which the backward needs."""
 
-    def __init__(self, plan: Plan, opts: CompileOptions,
+    def __init__(self, plan: PlanRecord, opts: CompileOptions,
                  dynamo_inputs: list[tuple[InputRole, str | None]]) -> None:
         self.plan = plan
         self.opts = opts

@@ -13,11 +13,12 @@ from torch.utils._python_dispatch import _disable_current_modes
 
 from .. import _C
 from .._C import Program
+from ..deprecation import renamed_names
 from ..errors import ConfigError
 from ..kernels import with_kernel_regions
 from .interpreter import RuntimeValue
 
-__all__ = ["Executor", "capture_issues", "cuda_devices_built", "threads_per_worker"]
+__all__ = ["Executor", "cuda_graph_issues", "cuda_devices_built", "threads_per_worker"]
 
 Span = Optional[tuple[int, int]]
 
@@ -60,11 +61,11 @@ def cuda_devices_built() -> bool:
     return bool(_C.cuda_devices_built())
 
 
-def capture_issues(program: Program, device_map: Union[str, Sequence[str]]) -> list[dict]:
-    """Why ``program`` on ``device_map`` cannot be captured into CUDA graphs: a
+def cuda_graph_issues(program: Program, device_map: Union[str, Sequence[str]]) -> list[dict]:
+    """Why ``program`` on ``device_map`` cannot be recorded into CUDA graphs: a
     list of ``{"device", "instruction", "what"}`` (device/instruction -1 when
     the reason is not one instruction's); empty when it can. Needs no GPU:
-    ``capture_issues(p, "cuda:0")`` answers for one GPU on any machine.
+    ``cuda_graph_issues(p, "cuda:0")`` answers for one GPU on any machine.
 
     Raises:
         ConfigError: a bad device map.
@@ -199,7 +200,7 @@ class Executor:
     def replay_status(self) -> dict:
         """``{"requested", "steps", "captured", "static_buffers", "graphs",
         "issues", "summary"}``: what graph replay is doing and, when it fell
-        back to stream replay, why (``issues`` as :func:`capture_issues`)."""
+        back to stream replay, why (``issues`` as :func:`cuda_graph_issues`)."""
         return self._ex.replay_status()
 
     def memory_report(self) -> dict:
@@ -233,3 +234,8 @@ class Executor:
 
     def __repr__(self) -> str:
         return f"<modelpar.Executor {self.num_devices} devices on {self.device_map}>"
+
+
+# Renamed after 0.1.0 ("capture" is what a front end does to a step; CUDA graphs
+# are recorded and replayed).
+__getattr__ = renamed_names(__name__, {"capture_issues": "cuda_graph_issues"})

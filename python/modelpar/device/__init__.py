@@ -39,6 +39,7 @@ from typing import Any, Iterator
 import torch
 
 from .. import _C
+from ..deprecation import renamed_names
 
 #: Pass as ``CMAKE_PREFIX_PATH`` so that a LibTorch project's
 #: ``find_package(modelpar)`` finds the ``modelpar::modelpar`` target. The
@@ -81,7 +82,7 @@ CONFIGURE_KEYS = _COMPILE_KEYS + tuple(_DEVICE_DEFAULTS)
 
 def configure(**options: Any) -> None:
     """Sets how the device captures and runs steps; keys not given take their
-    defaults. The planning keys are ``torch.compile``'s (modelpar/options.py),
+    defaults. The planning keys are ``torch.compile``'s (planning/options.py),
     with the same values, checks and errors:
 
     ``devices`` (1..64, default 1): with N >= 2 every captured step is placed
@@ -180,8 +181,8 @@ def device_plans() -> list[tuple[str, int]]:
 
 
 @dataclass(frozen=True)
-class DevicePlan:
-    """A cached plan of the modelpar device: ``graph`` (IR text), ``runs``
+class DevicePlanRecord:
+    """The record of a cached plan of the modelpar device: ``graph`` (IR text), ``runs``
     (steps that ran it) and ``summary``, the layout of ``torch.compile``'s
     ``modelpar.plans()`` (with planning options the placement report:
     devices, simulated step, memory per device); ``print(plan)`` shows it."""
@@ -193,10 +194,10 @@ class DevicePlan:
         return self.summary
 
 
-def plans() -> list[DevicePlan]:
+def plans() -> list[DevicePlanRecord]:
     """The cached plans of the modelpar device, in capture order (``print``
     one for its summary; ``modelpar::plans()`` in C++)."""
-    return [DevicePlan(*p) for p in _C._device_plans()]
+    return [DevicePlanRecord(*p) for p in _C._device_plans()]
 
 
 def last_plan() -> str:
@@ -326,6 +327,10 @@ def enable() -> None:
 def enabled() -> bool:
     """Whether the ``"modelpar"`` device name is registered in this process."""
     return _enabled
+
+
+# Renamed after 0.1.0 (a record of a plan, as modelpar.compile.records.PlanRecord).
+__getattr__ = renamed_names(__name__, {"DevicePlan": "DevicePlanRecord"})
 
 
 if not torch.cuda.is_available():

@@ -1,6 +1,6 @@
-"""Plans: what modelpar compiled in this process, one per Dynamo graph.
+"""Plan records: what modelpar compiled in this process, one per Dynamo graph.
 
-A ``Plan`` holds the IR of the graphs AOTAutograd produced for one Dynamo
+A ``PlanRecord`` holds the IR of the graphs AOTAutograd produced for one Dynamo
 graph (forward and backward for training, inference for no-grad calls),
 where each runs, and where it came from in the user's code. ``print(plan)``
 shows a summary; ``plan.write_ir(folder)`` writes the IR text.
@@ -39,10 +39,11 @@ from typing import Any
 from .._C import Graph, graph_input_roles, graph_nodes
 from ..errors import ConfigError
 from ..planning.options import CompileOptions
-from ..planning.placement import CapturedPlacement, plan_graph
+from ..planning.placement import JointPlacement, plan_graph
+from ..deprecation import renamed_names
 from .step_trace import StepTrace, forget_step_traces, step_trace_for
 
-__all__ = ["Plan", "GraphRecord", "plans", "clear_plans"]
+__all__ = ["PlanRecord", "GraphRecord", "plans", "clear_plans"]
 
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
 
@@ -103,7 +104,7 @@ class GraphRecord:
 
 
 @dataclass
-class Plan:
+class PlanRecord:
     """One Dynamo graph as modelpar compiled it."""
     index: int
     function: str               # the user's function (resume functions mapped back)
@@ -327,18 +328,18 @@ class Plan:
               machine: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
               trace_dir: str | os.PathLike[str] | None = None,
               dump_dir: str | os.PathLike[str] | None = None,
-              lp_time_limit_s: float = 20.0) -> CapturedPlacement:
+              lp_time_limit_s: float = 20.0) -> JointPlacement:
         """Plans this plan's graphs model-parallel on ``devices`` logical
         devices and simulates them, each graph on its own (the arguments are
         ``modelpar.plan_graph``'s; ``trace_dir`` receives
         ``<plan name>.<kind>.trace.json`` per graph). Returns a
-        ``CapturedPlacement``: ``print()`` it for the summary of each graph.
+        ``JointPlacement``: ``print()`` it for the summary of each graph.
 
         Raises:
             ConfigError: a bad option, or no graph of this plan was imported.
             PlanDoesNotFitError: a graph does not fit the memory.
         """
-        out = CapturedPlacement(self.index, self.function)
+        out = JointPlacement(self.index, self.function)
         for kind, rec in self.graphs.items():
             if rec.graph is None:
                 continue
@@ -449,16 +450,16 @@ class Plan:
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"{k}={g.runs_on}" for k, g in self.graphs.items())
-        return f"<modelpar.compile.records.Plan {self.index} {self.function}: {kinds}>"
+        return f"<modelpar.compile.records.PlanRecord {self.index} {self.function}: {kinds}>"
 
 
 _lock = threading.Lock()
-_plans: list[Plan] = []
+_plans: list[PlanRecord] = []
 _next_index = itertools.count()
 
 
 def new_plan(function: str, filename: str, line: int, code_name: str,
-             options: CompileOptions) -> Plan:
+             options: CompileOptions) -> PlanRecord:
     """Registers a plan for a Dynamo graph of code object ``code_name`` in
     the user's ``function`` (``filename:line``)."""
     m = _RESUME.match(code_name)
@@ -468,12 +469,12 @@ def new_plan(function: str, filename: str, line: int, code_name: str,
             function = m.group(1)
             m = _RESUME.match(function)
     with _lock:
-        plan = Plan(next(_next_index), function, filename, line, resumed_at, options)
+        plan = PlanRecord(next(_next_index), function, filename, line, resumed_at, options)
         _plans.append(plan)
     return plan
 
 
-def plans() -> list[Plan]:
+def plans() -> list[PlanRecord]:
     """The plans compiled in this process, oldest first (newest last)."""
     with _lock:
         return list(_plans)
@@ -486,7 +487,7 @@ def clear_plans() -> None:
     forget_step_traces()
 
 
-def record_graph(plan: Plan, rec: GraphRecord, dump_dir: str | None) -> None:
+def record_graph(plan: PlanRecord, rec: GraphRecord, dump_dir: str | None) -> None:
     """Keeps ``rec`` as ``plan``'s graph of its kind and, with ``dump_dir``,
     writes its IR text there (``<plan>.<kind>.txt``)."""
     plan.graphs[rec.kind] = rec
@@ -494,3 +495,8 @@ def record_graph(plan: Plan, rec: GraphRecord, dump_dir: str | None) -> None:
         out = Path(dump_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{plan.name}.{rec.kind}.txt").write_text(rec.text, encoding="utf-8")
+
+
+# Renamed after 0.1.0 (a record of a plan is not the plan: passes::Plan,
+# PlacementPlan); the old names work for one release.
+__getattr__ = renamed_names(__name__, {"Plan": "PlanRecord"})

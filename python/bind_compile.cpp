@@ -22,7 +22,7 @@ namespace py = pybind11;
 namespace modelpar {
 namespace {
 
-/// Example (what modelpar/compile_backend.py does with an imported FX graph):
+/// Example (what modelpar/compile/backend.py does with an imported FX graph):
 ///   g = modelpar.parse_graph(text)                 # inputs: FX placeholders, then constants
 ///   cg = CompiledGraph(g, [0, -1, 1], [const0])    # FX output 1 is None
 ///   outs = cg.run(args, True)                      # args: list of tensors / ints / floats / bools

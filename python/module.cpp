@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "ir/ir.h"
-#include "python_shim/value_conversion.h"
+#include "python/value_conversion.h"
 #include "runtime/runtime.h"
 
 namespace py = pybind11;

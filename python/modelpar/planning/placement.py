@@ -1,8 +1,8 @@
-"""Model-parallel plans from Python: ``plan_graph`` runs the pass pipeline of
+"""Model-parallel plans from Python: ``plan_graph`` runs the sequence of passes of
 ``passes/plan_placement.h`` (cost → coarsen → m-TOPO | m-ETF | m-SCT → lower →
-simulate) on an IR graph; ``Plan.place`` (modelpar/plan.py) does it for the
+simulate) on an IR graph; ``PlanRecord.place`` (compile/records.py) does it for the
 graphs a ``torch.compile`` plan holds (``modelpar.plans()[-1].place(devices=4)``).
-This module never imports modelpar/plan.py (compile/records.py imports it).
+This module never imports compile/records.py (which imports it).
 ``plan_joint`` places a training step's forward and backward graphs as one
 (passes/plan_joint.h; what ``torch.compile`` with ``devices`` > 1 runs).
 
@@ -27,11 +27,12 @@ from typing import Any, Union
 import torch
 
 from .. import _C
+from ..deprecation import renamed_names
 from ..errors import ConfigError
 from ..ir.text import Graph, load_graph
 from ..ir.torch_names import TORCH_DTYPES
 
-__all__ = ["PLACERS", "PlacementPlan", "CapturedPlacement", "calibrated_machine", "example_inputs",
+__all__ = ["PLACERS", "PlacementPlan", "JointPlacement", "calibrated_machine", "example_inputs",
            "parse_bytes", "plan_graph", "plan_joint", "profile_graph"]
 
 #: The placers plan_graph knows, by name.
@@ -331,8 +332,8 @@ def profile_graph_times(graph: Graph, inputs: Sequence[Any] | None = None, *, ru
 
 
 @dataclass
-class CapturedPlacement:
-    """The plans of the graphs of one ``torch.compile`` plan (``Plan.place``).
+class JointPlacement:
+    """The plans of the graphs of one ``torch.compile`` plan (``PlanRecord.place``).
 
     Each graph (forward, backward, or inference) is planned on its own; the
     step time of training is forward + backward, one after the other. Values
@@ -379,3 +380,8 @@ def _micros(us: float) -> str:
     if us >= 1e3:
         return f"{us / 1e3:.3g} ms"
     return f"{us:.3g} us"
+
+
+# Renamed after 0.1.0 ("captured" is what a front end does to a graph; this is
+# the placement of a joint forward and backward).
+__getattr__ = renamed_names(__name__, {"CapturedPlacement": "JointPlacement"})

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="the IR walk-through: a hand-written 2-device Program verified and run")
     plan = sub.add_parser(
         "plan", help="place a graph on N devices and simulate the step",
-        description="Runs modelpar's pass pipeline (cost, coarsen, place, lower, simulate) on an "
+        description="Runs modelpar's sequence of passes (cost, coarsen, place, lower, simulate) on an "
                     "IR graph and prints the placement summary: units per device, simulated "
                     "step time, speed-up over one device, peak memory per device, pass times.")
     plan.add_argument("graph", help="IR text file of one graph (ir/README.md)")

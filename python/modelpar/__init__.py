@@ -67,15 +67,17 @@ __all__ = [
     "sync", "attach",
 ]
 
-# Old top-level name -> the module that holds it now (Note [Deprecated names]).
+# Old top-level name -> the module that holds it now, and its new name after
+# a colon where it was renamed (Note [Deprecated names]).
 _MOVED = {
     "PeerError": "modelpar.errors", "InternalError": "modelpar.errors",
     "load_graph": "modelpar.ir", "load_program": "modelpar.ir",
     "RuntimeValue": "modelpar.runtime.interpreter",
-    "capture_issues": "modelpar.runtime.executor",
+    "capture_issues": "modelpar.runtime.executor:cuda_graph_issues",
     "cuda_devices_built": "modelpar.runtime.executor",
     "CompileOptions": "modelpar.planning.options", "resolve_options": "modelpar.planning.options",
-    "PLACERS": "modelpar.planning.placement", "CapturedPlacement": "modelpar.planning.placement",
+    "PLACERS": "modelpar.planning.placement",
+    "CapturedPlacement": "modelpar.planning.placement:JointPlacement",
     "PlacementPlan": "modelpar.planning.placement", "parse_bytes": "modelpar.planning.placement",
     "plan_joint": "modelpar.planning.placement",
     "CHECKPOINT_MODES": "modelpar.planning.pipeline",
@@ -84,7 +86,7 @@ _MOVED = {
     "CheckpointResult": "modelpar.planning.pipeline", "PipelinePlan": "modelpar.planning.pipeline",
     "microbatch_sizes": "modelpar.planning.pipeline",
     "STRATEGIES": "modelpar.planning.strategy",
-    "GraphRecord": "modelpar.compile.records", "Plan": "modelpar.compile.records",
+    "GraphRecord": "modelpar.compile.records", "Plan": "modelpar.compile.records:PlanRecord",
     "materialize_all": "modelpar.distributed.materialize",
     "Materialized": "modelpar.distributed.materialize",
     "clear_device_plans": "modelpar.device", "cmake_prefix_path": "modelpar.device",
@@ -99,10 +101,17 @@ _MOVED = {
 # package moved into subpackages. Code written against the old names keeps
 # working for one release: a module-level __getattr__ (PEP 562) finds the
 # name where it lives now and warns once per name with the new spelling.
+# Names that meant two things were renamed in the same release (a record of
+# a plan is `PlanRecord`, not `Plan`; CUDA graphs are recorded, not
+# "captured": `cuda_graph_issues`; the placement of a joint forward and
+# backward is `JointPlacement`); their modules answer the old names the same
+# way (modelpar/deprecation.py).
 def __getattr__(name: str) -> Any:
     where = _MOVED.get(name)
     if where is None:
         raise AttributeError(f"module 'modelpar' has no attribute {name!r}")
+    module, _, new = where.partition(":")
+    new = new or name
     warnings.warn(f"modelpar.{name} is deprecated and will be removed in the next release; "
-                  f"use {where}.{name}", DeprecationWarning, stacklevel=2)
-    return getattr(importlib.import_module(where), name)
+                  f"use {module}.{new}", DeprecationWarning, stacklevel=2)
+    return getattr(importlib.import_module(module), new)

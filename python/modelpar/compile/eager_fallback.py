@@ -14,12 +14,12 @@ from ..errors import UnsupportedOpError
 from ..planning.options import CompileOptions
 from .fx_import import GraphKind
 from .graph_breaks import warn_once
-from .records import GraphRecord, Plan, record_graph
+from .records import GraphRecord, PlanRecord, record_graph
 
 __all__ = ["eager_fallback"]
 
 
-def eager_fallback(opts: CompileOptions, plan: Plan, gm: torch.fx.GraphModule, kind: GraphKind,
+def eager_fallback(opts: CompileOptions, plan: PlanRecord, gm: torch.fx.GraphModule, kind: GraphKind,
                    graph: Any, what: str, detail: str, error: Exception) -> Callable[..., Any]:
     """The graph ``gm`` run eagerly instead of on the modelpar runtime, with
     a one-time warning naming ``what`` stopped it; an error instead under

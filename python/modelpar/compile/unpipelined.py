@@ -13,7 +13,7 @@ from .. import _C
 from ..planning.options import CompileOptions
 from .fx_import import InputRole
 from .graph_breaks import last_graph_break, warn_once
-from .records import Plan
+from .records import PlanRecord
 
 __all__ = ["why_not_pipelined"]
 
@@ -40,7 +40,7 @@ __all__ = ["why_not_pipelined"]
 # cannot be told from "a whole function" here: both get the same rule.
 
 
-def why_not_pipelined(opts: CompileOptions, plan: Plan, gm: torch.fx.GraphModule, graph: Any,
+def why_not_pipelined(opts: CompileOptions, plan: PlanRecord, gm: torch.fx.GraphModule, graph: Any,
                       describe_input: Callable[[torch.fx.Node], tuple[InputRole, str | None]],
                       returns_loss: bool = True) -> str | None:
     """Why the pipeline option cannot cut ``graph`` (the forward or

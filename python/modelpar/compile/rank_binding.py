@@ -10,12 +10,12 @@ from typing import Any
 from ..planning.options import CompileOptions
 from .bound_graphs import RankGraph
 from .fx_import import GraphKind, InputRole
-from .records import Plan
+from .records import PlanRecord
 
 __all__ = ["bind_on_ranks"]
 
 
-def bind_on_ranks(opts: CompileOptions, plan: Plan, program: Any, kind: GraphKind, imported: Any,
+def bind_on_ranks(opts: CompileOptions, plan: PlanRecord, program: Any, kind: GraphKind, imported: Any,
                   rank_device: str, fw_input_roles: Sequence[InputRole],
                   num_fwd_outputs: int | None, scalars: Sequence[int] = ()
                   ) -> tuple[Any, RankGraph]:
