@@ -47,6 +47,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 import modelpar
+from modelpar.planning.option_names import PIPELINE_SCHEDULES
 
 
 def latest_checkpoint(folder: str) -> tuple[int, str] | None:
@@ -62,7 +63,8 @@ def latest_checkpoint(folder: str) -> tuple[int, str] | None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--pipeline", choices=["gpipe", "1f1b", "1f1b*"], default=None)
+    ap.add_argument("--pipeline", choices=PIPELINE_SCHEDULES, default=None,
+                    help="pipeline the step over the ranks with this schedule")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--meta", action="store_true", help="build on the meta device, materialize")
     ap.add_argument("--resume", metavar="DIR", default=None,

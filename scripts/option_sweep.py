@@ -48,9 +48,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "python"))
 
 import modelpar  # noqa: E402
+from modelpar.planning.option_names import PIPELINE_SCHEDULES  # noqa: E402
 
 TEST_MODELS = "mlp,gpt,cnn,unet,inception,looped,graph-breaks"
-PIPELINE_CHOICES = [("microbatches", [1, 2, 3, 4, 8]), ("schedule", ["gpipe", "1f1b", "1f1b*"]),
+# Every schedule modelpar has (one list: passes/option_names.h).
+PIPELINE_CHOICES = [("microbatches", [1, 2, 3, 4, 8]), ("schedule", list(PIPELINE_SCHEDULES)),
                     ("partition", ["balance-time", "balance-size", "balance-time-comm", "madpipe"]),
                     ("checkpoint", ["always", "except_last", "never"]), ("portals", [True, False])]
 

@@ -9,7 +9,7 @@ Scenarios:
       tests/python/zoo.py, its loss computed inside the model, or
       "graph-breaks": models.GraphBroken, cut into four graphs by Dynamo),
       compiled with devices="world" (or a pipeline over the ranks: "gpipe",
-      "1f1b", "1f1b*", "interleaved", "zb-h1"; "none"), against eager in this
+      "1f1b", "1f1b*", "interleaved", "zb-h1", "zb-v"; "none"), against eager in this
       process: the loss of each step, every gradient (summed over ranks: each
       exists on its owner only) and the parameters after STEPS momentum-SGD
       steps, then one inference (no_grad) step. With "release", the parameters

@@ -207,19 +207,24 @@ def test_a_model_with_graph_breaks_trains_over_ranks_like_eager(schedule: str) -
                                                  (2, "mlp", "1f1b*"), full_only(4, "gpt", "gpipe"),
                                                  full_only(4, "gpt", "1f1b"),
                                                  (2, "gpt", "interleaved"),
-                                                 full_only(2, "mlp", "zb-h1")])
+                                                 full_only(2, "mlp", "zb-h1"),
+                                                 (2, "gpt", "zb-v")])
 def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, schedule: str) -> None:
     # "interleaved": v=2 stages per rank (4 stages of the GPT over 2 ranks,
-    # stage s on rank s % 2); "zb-h1": each backward split into B and W.
+    # stage s on rank s % 2); "zb-h1": each backward split into B and W;
+    # "zb-v": 2 stages per rank in a V (stages 0, 1 on ranks 0, 1 and
+    # stages 2, 3 back on ranks 1, 0), backwards split as in zb-h1.
     results = _all_ok(_launch(world, "train", case, "3", schedule))
     assert all(r["losses"] == results[0]["losses"] for r in results)
     assert all("pipeline" in r["plan"] for r in results)
     # The training step's pipeline ran the schedule asked for, its stages
     # placed as the schedule places them.
-    placed = list(range(world)) * (2 if schedule == "interleaved" else 1)
+    placed = {"interleaved": list(range(world)) * 2,
+              "zb-v": list(range(world)) + list(reversed(range(world)))}.get(schedule,
+                                                                             list(range(world)))
     for r in results:
         assert [schedule, placed] in r["stages"], r["stages"]
-    # Stage s on rank s (s % world interleaved): every rank owns parameters.
+    # Stage s on rank s (s % world interleaved, a V for zb-v): every rank owns parameters.
     assert all(r["owned"] for r in results), [r["owned"] for r in results]
     # The MLP's forward-only partition cuts its layers elsewhere: fc2 moves
     # home, and the plan plans() reports for it says so (the worker checks
