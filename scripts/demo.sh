@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The demo on a fresh machine: sets up (scripts/setup.sh), builds the Python
+# The demo on a fresh machine: sets up what the demo needs (scripts/setup.sh
+# with MODELPAR_SETUP=demo: not the test and docs tools), builds the Python
 # extension alone (MODELPAR_BUILD_TARGETS=_C: not the C++ tests), and runs
 # `python -m modelpar demo` (python/modelpar/demo/): a small Llama from
 # transformers trained on one device, placed and pipelined on 4 CPU worker
@@ -9,7 +10,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-MODELPAR_BUILD_TARGETS=_C bash scripts/build.sh >/dev/null
+MODELPAR_SETUP=demo MODELPAR_BUILD_TARGETS=_C bash scripts/build.sh >/dev/null
 # OpenMP threads that spin while they wait (libgomp's default) slow a step of
 # eager PyTorch 50x when other work holds the cores (5 s instead of 0.1 s on a
 # 2-core machine at load 10); passive waits cost nothing measurable when idle.

@@ -4,6 +4,9 @@
 # Python test tools (pytest, hypothesis, pytest-xdist), the docs tools (mkdocs,
 # mkdocs-material, mkdocstrings) and matplotlib (the demo's picture). A second run
 # only checks and takes a few seconds.
+#   MODELPAR_SETUP=demo  only what building and `python -m modelpar demo` need
+#                        (torch, transformers, matplotlib; scripts/demo.sh): the
+#                        test and docs tools come with the next plain run.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -43,19 +46,28 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "modelpar setup: creating $venv$([ -L "$venv" ] && echo " -> $(readlink "$venv")")"
   "$py" -m venv "$(readlink -f "$venv" 2>/dev/null || echo "$venv")"
 fi
-# Bump the stamp when the list changes, so that existing venvs get the new packages.
-stamp="$venv/.modelpar-deps-v7"
-if [ ! -f "$stamp" ]; then
-  echo "modelpar setup: installing Python packages into $venv"
+# Bump a stamp when its list changes, so that existing venvs get the new packages.
+# Two lists: what building and the demo need, then the rest (the tests, the
+# docs, the model zoo's extras), so that a first demo does not wait for them.
+core_stamp="$venv/.modelpar-core-deps-v1"
+stamp="$venv/.modelpar-deps-v7"  # the whole list, which holds the first
+if [ ! -f "$core_stamp" ] && [ ! -f "$stamp" ]; then
+  echo "modelpar setup: installing torch and the demo's packages into $venv"
   "$venv/bin/pip" install -q --upgrade pip
-  # hypothesis: the options property test; transformers: the model zoo of
-  # tests/python/test_model_zoo.py (small random-init configs, nothing downloaded);
-  # accelerate: transformers' Trainer (tests/python/test_trainer.py); peft: LoRA
-  # fine-tuning of the zoo's models (test_model_zoo.py, test_distributed.py);
-  # pytest-xdist: parallel pytest (scripts/gpu_check.sh's zoo step); mkdocs,
-  # mkdocs-material, mkdocstrings: the manual (scripts/docs.sh), pinned so that
-  # its strict build does not change under us; matplotlib: the demo's picture
-  # of the pipeline (python -m modelpar demo)
+  # transformers: the demo's model and the model zoo of tests/python/test_model_zoo.py
+  # (small random-init configs, nothing downloaded); matplotlib: the demo's
+  # picture of the pipeline (python -m modelpar demo)
+  "$venv/bin/pip" install -q "torch==2.13.0" numpy transformers matplotlib ninja cmake
+  touch "$core_stamp"
+fi
+if [ ! -f "$stamp" ] && [ "${MODELPAR_SETUP:-all}" != demo ]; then
+  echo "modelpar setup: installing the test and docs tools into $venv"
+  # hypothesis: the options property test; accelerate: transformers' Trainer
+  # (tests/python/test_trainer.py); peft: LoRA fine-tuning of the zoo's models
+  # (test_model_zoo.py, test_distributed.py); pytest-xdist: parallel pytest
+  # (scripts/gpu_check.sh's zoo step); mkdocs, mkdocs-material, mkdocstrings:
+  # the manual (scripts/docs.sh), pinned so that its strict build does not
+  # change under us; pybind11, scikit-build-core: `pip install .` (a wheel)
   "$venv/bin/pip" install -q "torch==2.13.0" numpy pytest hypothesis pybind11 scikit-build-core \
     ninja cmake transformers accelerate peft "pytest-xdist==3.8.0" "mkdocs==1.6.1" \
     "mkdocs-material==9.8.2" "mkdocstrings[python]==1.0.8" "mkdocstrings-python==2.0.11" matplotlib
