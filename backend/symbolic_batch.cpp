@@ -57,55 +57,57 @@ bool replaceSizes(ir::Arg& a, int64_t b, ir::ValueId size) {
   return any;
 }
 
-}  // namespace
+/// 1. The inputs named by `names` (each a data input) and B.
+void findNamedBatchedInputs(const ir::Graph& g, const std::vector<std::string>& names,
+                            const std::vector<char>& forward, SymbolicBatch& out,
+                            std::vector<char>& batched) {
+  for (const std::string& name : names) {
+    const ir::Input* found = nullptr;
+    for (const ir::Input& in : g.inputs()) {
+      if (g.value(in.value).name == name) found = &in;
+    }
+    MP_RT_CHECK(found && isDataInput(g, *found, forward), ConfigError,
+                "modelpar pipeline: batched_inputs names '", name, "', which is not a data input "
+                "of the captured step (an input read in the forward, with a leading dimension); its data "
+                "inputs: ", inputList(g, forward));
+    const int64_t b = g.value(found->value).type.shape[0].size;
+    MP_RT_CHECK(out.batch_size == 0 || out.batch_size == b, ConfigError,
+                "modelpar pipeline: the batched inputs disagree on the batch size: %",
+                out.batched_inputs.front(), " has ", out.batch_size, ", %", name, " has ", b);
+    out.batch_size = b;
+    out.batched_inputs.push_back(name);
+    batched[static_cast<size_t>(found->value)] = 1;
+  }
+}
 
-SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::string>& names) {
-  SymbolicBatch out;
-  const std::vector<char> forward = readInForward(g);
-  // 1. The batched inputs and B (data inputs: see isDataInput).
-  std::vector<char> batched(g.numValues(), 0);
-  if (!names.empty()) {
-    for (const std::string& name : names) {
-      const ir::Input* found = nullptr;
-      for (const ir::Input& in : g.inputs()) {
-        if (g.value(in.value).name == name) found = &in;
-      }
-      MP_RT_CHECK(found && isDataInput(g, *found, forward), ConfigError,
-                  "modelpar pipeline: batched_inputs names '", name, "', which is not a data input "
-                  "of the captured step (an input read in the forward, with a leading dimension); its data "
-                  "inputs: ", inputList(g, forward));
-      const int64_t b = g.value(found->value).type.shape[0].size;
-      MP_RT_CHECK(out.batch_size == 0 || out.batch_size == b, ConfigError,
-                  "modelpar pipeline: the batched inputs disagree on the batch size: %",
-                  out.batched_inputs.front(), " has ", out.batch_size, ", %", name, " has ", b);
-      out.batch_size = b;
-      out.batched_inputs.push_back(name);
-      batched[static_cast<size_t>(found->value)] = 1;
-    }
-  } else {
-    std::set<int64_t> leading;
-    for (const ir::Input& in : g.inputs()) {
-      if (isDataInput(g, in, forward)) leading.insert(g.value(in.value).type.shape[0].size);
-    }
-    MP_RT_CHECK(!leading.empty(), ConfigError,
-                "modelpar pipeline: the captured step has no data input with a leading (batch) "
-                "dimension read in the forward to split into micro-batches");
-    MP_RT_CHECK(leading.size() == 1, ConfigError,
-                "modelpar pipeline: cannot tell the batch dimension: the step's data inputs have "
-                "different leading sizes (", inputList(g, forward), "); say which inputs are batched with "
-                "the pipeline option batched_inputs (names as in the graph, e.g. set by "
-                "modelpar::nameTensor)");
-    out.batch_size = *leading.begin();
-    for (const ir::Input& in : g.inputs()) {
-      const ir::Value& v = g.value(in.value);
-      if (isDataInput(g, in, forward) && v.type.shape[0].size == out.batch_size) {
-        out.batched_inputs.push_back(v.name);
-        batched[static_cast<size_t>(in.value)] = 1;
-      }
+/// 1. Without names: B is the one leading size of the data inputs, and the
+/// batched inputs are the data inputs that have it.
+void guessBatchedInputs(const ir::Graph& g, const std::vector<char>& forward, SymbolicBatch& out,
+                        std::vector<char>& batched) {
+  std::set<int64_t> leading;
+  for (const ir::Input& in : g.inputs()) {
+    if (isDataInput(g, in, forward)) leading.insert(g.value(in.value).type.shape[0].size);
+  }
+  MP_RT_CHECK(!leading.empty(), ConfigError,
+              "modelpar pipeline: the captured step has no data input with a leading (batch) "
+              "dimension read in the forward to split into micro-batches");
+  MP_RT_CHECK(leading.size() == 1, ConfigError,
+              "modelpar pipeline: cannot tell the batch dimension: the step's data inputs have "
+              "different leading sizes (", inputList(g, forward), "); say which inputs are batched with "
+              "the pipeline option batched_inputs (names as in the graph, e.g. set by "
+              "modelpar::nameTensor)");
+  out.batch_size = *leading.begin();
+  for (const ir::Input& in : g.inputs()) {
+    const ir::Value& v = g.value(in.value);
+    if (isDataInput(g, in, forward) && v.type.shape[0].size == out.batch_size) {
+      out.batched_inputs.push_back(v.name);
+      batched[static_cast<size_t>(in.value)] = 1;
     }
   }
-  const int64_t b = out.batch_size;
-  // 2. B must not be any other size in sight.
+}
+
+/// 2. B must not be any other size in sight.
+void checkBatchSizeIsUnique(const ir::Graph& g, const std::vector<char>& batched, int64_t b) {
   for (const ir::Input& in : g.inputs()) {
     const ir::Value& v = g.value(in.value);
     if (batched[static_cast<size_t>(in.value)] || !v.type.isTensor()) continue;
@@ -116,7 +118,10 @@ SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::strin
                   "parameter, buffer or unbatched input has as a dimension");
     }
   }
-  // 3. Batched values: computed (outside the update) from batched ones.
+}
+
+/// 3. Batched values: computed (outside the update) from batched ones.
+void markBatchedValues(const ir::Graph& g, std::vector<char>& batched) {
   for (const ir::Node& n : g.nodes()) {
     if (n.phase == ir::Phase::Update) continue;
     bool reads = false;
@@ -125,7 +130,11 @@ SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::strin
       for (ir::ValueId o : n.outputs) batched[static_cast<size_t>(o)] = 1;
     }
   }
-  // 4. The new graph: B in the batched types, %B in size arguments.
+}
+
+/// 4. Every value's type in the new graph: B in the batched types.
+std::vector<ir::Type> symbolicTypes(const ir::Graph& g, const std::vector<char>& batched,
+                                    int64_t b) {
   std::vector<ir::Type> types(g.numValues());
   for (size_t v = 0; v < g.numValues(); ++v) {
     types[v] = g.values()[v].type;
@@ -148,6 +157,14 @@ SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::strin
                 g.values()[v].name, ": ", typeText(g.values()[v].type), ", so a dimension argument ",
                 "could be taken for it; use a batch size larger than ", types[v].shape.size());
   }
+  return types;
+}
+
+/// 4. The new graph's inputs and nodes: `types`, and %B in size arguments;
+/// returns where each value of g went.
+std::vector<ir::ValueId> buildSymbolicGraph(const ir::Graph& g, const std::vector<char>& batched,
+                                            const std::vector<ir::Type>& types, int64_t b,
+                                            SymbolicBatch& out) {
   ir::Graph& s = out.graph;
   s.setName(g.name());
   std::vector<ir::ValueId> remap(g.numValues(), ir::kNoId);
@@ -181,8 +198,13 @@ SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::strin
     m.cost = n.cost;
     if (!n.label.empty()) s.setLabel(id, n.label);
   }
-  // 5. The backward seed: `loss.backward()` makes ones_like(loss) before the
-  //    autograd engine starts, so it was recorded in the forward.
+  return remap;
+}
+
+/// 5. The backward seed: `loss.backward()` makes ones_like(loss) before the
+///    autograd engine starts, so it was recorded in the forward.
+void markBackwardSeeds(SymbolicBatch& out) {
+  ir::Graph& s = out.graph;
   for (size_t id = 0; id < s.numNodes(); ++id) {
     ir::Node& m = s.node(static_cast<ir::NodeId>(id));
     if (m.qualifiedName() != "aten::ones_like" || m.outputs.size() != 1) continue;
@@ -200,9 +222,30 @@ SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::strin
       ++out.seed_nodes;
     }
   }
+}
+
+}  // namespace
+
+SymbolicBatch makeBatchSymbolic(const ir::Graph& g, const std::vector<std::string>& names) {
+  SymbolicBatch out;
+  const std::vector<char> forward = readInForward(g);
+  // 1. The batched inputs and B (data inputs: see isDataInput).
+  std::vector<char> batched(g.numValues(), 0);
+  if (!names.empty()) {
+    findNamedBatchedInputs(g, names, forward, out, batched);
+  } else {
+    guessBatchedInputs(g, forward, out, batched);
+  }
+  const int64_t b = out.batch_size;
+  checkBatchSizeIsUnique(g, batched, b);  // 2.
+  markBatchedValues(g, batched);          // 3.
+  // 4. The new graph: B in the batched types, %B in size arguments.
+  const std::vector<ir::Type> types = symbolicTypes(g, batched, b);
+  const std::vector<ir::ValueId> remap = buildSymbolicGraph(g, batched, types, b, out);
+  markBackwardSeeds(out);  // 5.
   std::vector<ir::ValueId> outputs;
   for (ir::ValueId o : g.outputs()) outputs.push_back(remap[static_cast<size_t>(o)]);
-  s.setOutputs(std::move(outputs));
+  out.graph.setOutputs(std::move(outputs));
   return out;
 }
 

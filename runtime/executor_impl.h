@@ -157,6 +157,10 @@ class Executor::Impl {
 
  private:
   void resolve();
+  // resolve()'s steps (executor_setup.cpp).
+  std::vector<bool> resolveOps();
+  int32_t newMailSlot(int owner);
+  void seedRandomSteps();
   void workerMain(int d);
   void runLane(int d);
   void execute(int d, size_t i);

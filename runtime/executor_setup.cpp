@@ -93,9 +93,9 @@ void Executor::Impl::stopWorkers() {
 
 Executor::Impl::~Impl() { stopWorkers(); }
 
-// Resolves every node once and turns each instruction into a Step: value
-// slots, mailbox slots, events, and the streams its sends need.
-void Executor::Impl::resolve() {
+// Resolves every node once and places the inputs on their lanes; returns,
+// per node, whether its operator writes one of its arguments.
+std::vector<bool> Executor::Impl::resolveOps() {
   const ir::Graph& g = program_.graph();
   const int n = program_.numDevices();
   ops_.reserve(g.numNodes());
@@ -113,16 +113,27 @@ void Executor::Impl::resolve() {
                 " is placed on device ", d, " but the program has ", n, " devices");
     lanes_[static_cast<size_t>(d)].inputs.emplace_back(k, in.value);
   }
+  return writes;
+}
+
+// A new mailbox slot with its events on device `owner`; returns its index.
+int32_t Executor::Impl::newMailSlot(int owner) {
+  Mail& m = mail_.emplace_back();
+  m.ready = lanes_[static_cast<size_t>(owner)].device->newEvent();
+  m.done = lanes_[static_cast<size_t>(owner)].device->newEvent();
+  return static_cast<int32_t>(mail_.size() - 1);
+}
+
+// Resolves every node once and turns each instruction into a Step: value
+// slots, mailbox slots, events, and the streams its sends need.
+void Executor::Impl::resolve() {
+  const ir::Graph& g = program_.graph();
+  const int n = program_.numDevices();
+  const std::vector<bool> writes = resolveOps();
 
   // Sends first, so that every recv finds its slot; an unmatched recv gets a
   // slot nobody posts to (the run-time deadlock check reports it).
   std::map<std::tuple<ir::ValueId, int, int>, int32_t> slot_of;  // (value, from, to)
-  auto newSlot = [&](int owner) {
-    Mail& m = mail_.emplace_back();
-    m.ready = lanes_[static_cast<size_t>(owner)].device->newEvent();
-    m.done = lanes_[static_cast<size_t>(owner)].device->newEvent();
-    return static_cast<int32_t>(mail_.size() - 1);
-  };
   for (int d = 0; d < n; ++d) {
     Lane& lane = lanes_[static_cast<size_t>(d)];
     const std::vector<ir::Instruction>& sched = program_.schedule(d);
@@ -153,7 +164,7 @@ void Executor::Impl::resolve() {
       auto [it, fresh] = slot_of.try_emplace({inst.value, d, inst.peer}, -1);
       MP_RT_CHECK(fresh, InvalidIrError, where(d, i), ": %", g.value(inst.value).name,
                   " is sent from device ", d, " to device ", inst.peer, " twice");
-      it->second = s.mail = newSlot(d);
+      it->second = s.mail = newMailSlot(d);
       unfenced.push_back(s.mail);
       lane.device->connectTo(*lanes_[static_cast<size_t>(inst.peer)].device);
     }
@@ -165,7 +176,7 @@ void Executor::Impl::resolve() {
       Step& s = lane.steps[i];
       if (s.kind != Kind::Recv) continue;
       auto it = slot_of.find({s.value, s.peer, d});
-      s.mail = it != slot_of.end() ? it->second : newSlot(s.peer);
+      s.mail = it != slot_of.end() ? it->second : newMailSlot(s.peer);
       if (it == slot_of.end()) received.push_back(false);
       MP_RT_CHECK(!received[static_cast<size_t>(s.mail)], InvalidIrError, where(d, i), ": %",
                   g.value(s.value).name, " is received from device ", s.peer, " twice");
@@ -173,23 +184,28 @@ void Executor::Impl::resolve() {
     }
   }
   // Note [Reproducible random ops over workers].
-  if (!randomOpsOrdered(program_)) {
-    seeding_.emplace();
-    for (Lane& lane : lanes_) {
-      const c10::Device gen_device = lane.place_on.value_or(c10::Device(c10::kCPU));
-      for (Step& s : lane.steps) {
-        if (s.kind != Kind::Run || !ir::isRandom(g.node(s.node))) continue;
-        s.seeded = true;
-        if (std::find(seeded_devices_.begin(), seeded_devices_.end(), gen_device) ==
-            seeded_devices_.end()) {
-          seeded_devices_.push_back(gen_device);
-        }
-      }
-    }
-  }
+  if (!randomOpsOrdered(program_)) seedRandomSteps();
   if (options_.record_trace) {
     trace_.host.resize(static_cast<size_t>(n));
     trace_.transfer.resize(static_cast<size_t>(n));
+  }
+}
+
+// Marks the random ops' steps seeded and lists their generators' devices
+// (Note [Reproducible random ops over workers]).
+void Executor::Impl::seedRandomSteps() {
+  const ir::Graph& g = program_.graph();
+  seeding_.emplace();
+  for (Lane& lane : lanes_) {
+    const c10::Device gen_device = lane.place_on.value_or(c10::Device(c10::kCPU));
+    for (Step& s : lane.steps) {
+      if (s.kind != Kind::Run || !ir::isRandom(g.node(s.node))) continue;
+      s.seeded = true;
+      if (std::find(seeded_devices_.begin(), seeded_devices_.end(), gen_device) ==
+          seeded_devices_.end()) {
+        seeded_devices_.push_back(gen_device);
+      }
+    }
   }
 }
 

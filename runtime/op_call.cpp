@@ -330,7 +330,11 @@ c10::IValue ResolvedOp::build(const ir::Arg& a, const c10::Type& t, const Env* e
       MP_RT_INTERNAL_ASSERT(false, "node ", node_ref_, ": cannot build ",
                             t.str());
   }
-  // Lists: the element type decides the IValue list type the kernel unboxes.
+  return buildList(a, t, env);
+}
+
+// Lists: the element type decides the IValue list type the kernel unboxes.
+c10::IValue ResolvedOp::buildList(const ir::Arg& a, const c10::Type& t, const Env* env) const {
   const c10::Type& elem = elementOf(t);
   const std::vector<ir::Arg>& items = a.items();
   switch (elem.kind()) {

@@ -67,6 +67,8 @@ class ResolvedOp {
   };
 
   c10::IValue build(const ir::Arg& a, const c10::Type& t, const Env* env) const;
+  /// build() for a list type `t`.
+  c10::IValue buildList(const ir::Arg& a, const c10::Type& t, const Env* env) const;
   const c10::IValue& read(ir::ValueId v, const Env& env) const;
   void checkOutputs(const std::vector<c10::IValue>& out) const;
 

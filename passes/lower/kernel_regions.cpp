@@ -97,33 +97,20 @@ std::string commonLayer(const ir::Graph& g, const std::vector<NodeId>& nodes) {
   return first;
 }
 
-}  // namespace
-
-ir::Program oneDeviceProgram(const ir::Graph& g) {
-  ir::Program p(g, 1);
-  for (size_t n = 0; n < g.numNodes(); ++n) p.append(0, Instruction::run(static_cast<NodeId>(n)));
-  return p;
-}
-
-KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& fusible,
-                                const KernelRegionOptions& options) {
-  const ir::Graph& g = p.graph();
-  MP_CHECK(fusible.size() == g.numNodes(), InvalidIrError,
-           "modelpar kernel-regions: graph @{} has {} nodes but the fusible mask has {} entries",
-           g.name(), g.numNodes(), fusible.size());
-  std::vector<Run> runs = RegionFinder(p, fusible, options.min_nodes).find();
-  if (runs.empty()) return KernelRegions{p, {}};
-  for (Run& r : runs) trimFrees(r);
-
-  // region_of[n]: the run node n belongs to, or -1.
+// region_of[n]: the run node n belongs to, or -1.
+std::vector<int> regionOfNodes(const ir::Graph& g, const std::vector<Run>& runs) {
   std::vector<int> region_of(g.numNodes(), -1);
   for (size_t r = 0; r < runs.size(); ++r) {
     for (NodeId n : runs[r].nodes) region_of[static_cast<size_t>(n)] = static_cast<int>(r);
   }
+  return region_of;
+}
 
-  // Inputs, outputs and internal values of each region.
-  std::vector<KernelRegion> regions(runs.size());
-  std::vector<bool> needed_outside(g.numValues(), false);  // read by a node of another item, sent, or returned
+// needed_outside[v]: v is read by a node of another item (see orderItems),
+// sent, or returned.
+std::vector<bool> neededOutside(const ir::Program& p, const std::vector<int>& region_of) {
+  const ir::Graph& g = p.graph();
+  std::vector<bool> needed_outside(g.numValues(), false);
   for (size_t n = 0; n < g.numNodes(); ++n) {
     for (ValueId v : g.node(static_cast<NodeId>(n)).inputs()) {
       const ir::Value& val = g.value(v);
@@ -139,47 +126,78 @@ KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& f
       if (inst.kind == Kind::Send) needed_outside[static_cast<size_t>(inst.value)] = true;
     }
   }
-  std::vector<bool> internal(g.numValues(), false);
+  return needed_outside;
+}
+
+// The runs as regions, with what each region reads and writes.
+struct Contraction {
+  std::vector<int> region_of;         // see regionOfNodes
+  std::vector<KernelRegion> regions;  // one per run
+  std::vector<bool> internal;         // produced in a region and needed nowhere outside it
+};
+
+// Inputs, outputs and internal values of region r, whose key, device and
+// nodes are set.
+void describeRegion(const ir::Graph& g, size_t r, const std::vector<bool>& needed_outside,
+                    Contraction& c) {
+  KernelRegion& k = c.regions[r];
+  std::vector<bool> seen(g.numValues(), false);
+  for (NodeId n : k.nodes) {
+    for (ValueId v : g.node(n).inputs()) {
+      const ir::Value& val = g.value(v);
+      bool inside = val.producer != ir::kNoId &&
+                    c.region_of[static_cast<size_t>(val.producer)] == static_cast<int>(r);
+      if (!inside && !seen[static_cast<size_t>(v)]) {
+        seen[static_cast<size_t>(v)] = true;
+        k.inputs.push_back(v);
+      }
+    }
+    for (ValueId v : g.node(n).outputs) {
+      if (needed_outside[static_cast<size_t>(v)]) {
+        k.outputs.push_back(v);
+      } else {
+        c.internal[static_cast<size_t>(v)] = true;
+      }
+    }
+  }
+  // Tensors first, then sizes (the operator's two lists).
+  for (ValueId v : k.inputs) {
+    const ir::Type& t = g.value(v).type;
+    MP_CHECK(t.isTensor() || t.kind == ir::Type::Kind::Int, InvalidIrError,
+             "modelpar kernel-regions: graph @{}: region {} on device {} reads %{} of type {}; "
+             "a region reads tensors and ints only (the fusible mask admitted its reader)",
+             g.name(), k.key, k.device, g.value(v).name, ir::toString(t));
+  }
+  std::stable_partition(k.inputs.begin(), k.inputs.end(),
+                        [&](ValueId v) { return g.value(v).type.isTensor(); });
+  k.num_tensor_inputs = static_cast<size_t>(std::count_if(
+      k.inputs.begin(), k.inputs.end(), [&](ValueId v) { return g.value(v).type.isTensor(); }));
+}
+
+// Inputs, outputs and internal values of each region.
+Contraction contract(const ir::Program& p, const std::vector<Run>& runs,
+                     const KernelRegionOptions& options) {
+  const ir::Graph& g = p.graph();
+  Contraction c;
+  c.region_of = regionOfNodes(g, runs);
+  c.regions.resize(runs.size());
+  std::vector<bool> needed_outside = neededOutside(p, c.region_of);
+  c.internal.assign(g.numValues(), false);
   for (size_t r = 0; r < runs.size(); ++r) {
-    KernelRegion& k = regions[r];
+    KernelRegion& k = c.regions[r];
     k.key = options.first_key + static_cast<int>(r);
     k.device = runs[r].device;
     k.nodes = runs[r].nodes;
-    std::vector<bool> seen(g.numValues(), false);
-    for (NodeId n : k.nodes) {
-      for (ValueId v : g.node(n).inputs()) {
-        const ir::Value& val = g.value(v);
-        bool inside = val.producer != ir::kNoId &&
-                      region_of[static_cast<size_t>(val.producer)] == static_cast<int>(r);
-        if (!inside && !seen[static_cast<size_t>(v)]) {
-          seen[static_cast<size_t>(v)] = true;
-          k.inputs.push_back(v);
-        }
-      }
-      for (ValueId v : g.node(n).outputs) {
-        if (needed_outside[static_cast<size_t>(v)]) {
-          k.outputs.push_back(v);
-        } else {
-          internal[static_cast<size_t>(v)] = true;
-        }
-      }
-    }
-    // Tensors first, then sizes (the operator's two lists).
-    for (ValueId v : k.inputs) {
-      const ir::Type& t = g.value(v).type;
-      MP_CHECK(t.isTensor() || t.kind == ir::Type::Kind::Int, InvalidIrError,
-               "modelpar kernel-regions: graph @{}: region {} on device {} reads %{} of type {}; "
-               "a region reads tensors and ints only (the fusible mask admitted its reader)",
-               g.name(), k.key, k.device, g.value(v).name, ir::toString(t));
-    }
-    std::stable_partition(k.inputs.begin(), k.inputs.end(),
-                          [&](ValueId v) { return g.value(v).type.isTensor(); });
-    k.num_tensor_inputs = static_cast<size_t>(std::count_if(
-        k.inputs.begin(), k.inputs.end(), [&](ValueId v) { return g.value(v).type.isTensor(); }));
+    describeRegion(g, r, needed_outside, c);
   }
+  return c;
+}
 
-  // Items: an unfused node (its id) or a region (-(r + 1)); order them
-  // topologically, ties by the smallest original node id.
+// Items: an unfused node (its id) or a region (-(r + 1)); order them
+// topologically, ties by the smallest original node id.
+std::vector<int> orderItems(const ir::Graph& g, const Contraction& c) {
+  const std::vector<int>& region_of = c.region_of;
+  const std::vector<KernelRegion>& regions = c.regions;
   auto itemOf = [&](NodeId n) -> int {
     int r = region_of[static_cast<size_t>(n)];
     return r == -1 ? n : -(r + 1);
@@ -234,10 +252,62 @@ KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& f
   }
   MP_INTERNAL_ASSERT(order.size() == items.size(),
                      "kernel-regions: graph @{}: contracting the regions made a cycle", g.name());
+  return order;
+}
 
-  // The new graph.
-  ir::Graph out(g.name());
-  std::vector<ValueId> value_map(g.numValues(), ir::kNoId);
+// The new graph, with where each old value and unfused node went.
+struct Rebuilt {
+  ir::Graph graph;
+  std::vector<ValueId> value_map;
+  std::vector<NodeId> node_map;
+};
+
+// Adds region k's node to `out` (args, outputs, layer, step, cost) and maps
+// its outputs; sets k.node.
+void addRegionNode(const ir::Graph& g, KernelRegion& k, const KernelRegionOptions& options,
+                   const std::function<ValueId(ValueId)>& mapped, ir::Graph& out,
+                   std::vector<ValueId>& value_map) {
+  std::vector<ir::Arg> tensors;
+  std::vector<ir::Arg> sizes;
+  for (size_t i = 0; i < k.inputs.size(); ++i) {
+    (i < k.num_tensor_inputs ? tensors : sizes).push_back(ir::Arg::value(k.inputs[i]));
+  }
+  std::vector<ir::Arg> args{ir::Arg::integer(k.key), ir::Arg::list(std::move(tensors)),
+                            ir::Arg::list(std::move(sizes))};
+  std::vector<std::pair<std::string, ir::Type>> outs;
+  for (ValueId v : k.outputs) outs.emplace_back(g.value(v).name, g.value(v).type);
+  for (ir::Arg& a : args) a.remapValues(mapped);
+  NodeId m = out.addNode(options.op, std::move(args), std::move(outs));
+  ir::Node& node = out.node(m);
+  const ir::Node& first = g.node(k.nodes.front());
+  node.layer = commonLayer(g, k.nodes);
+  node.phase = first.phase;
+  node.device = first.device;
+  node.microbatch = first.microbatch;
+  bool costed = false;
+  ir::Cost cost;
+  for (NodeId n : k.nodes) {
+    if (!g.node(n).cost) continue;
+    costed = true;
+    cost.time_us += g.node(n).cost->time_us;
+    cost.temp_bytes = std::max(cost.temp_bytes, g.node(n).cost->temp_bytes);
+  }
+  for (ValueId v : k.outputs) cost.output_bytes += g.value(v).type.bytes().value_or(0);
+  if (costed) node.cost = cost;
+  if (node.outputs.empty()) out.setLabel(m, "region" + std::to_string(k.key));
+  for (size_t i = 0; i < k.outputs.size(); ++i) {
+    value_map[static_cast<size_t>(k.outputs[i])] = node.outputs[i];
+  }
+  k.node = m;
+}
+
+// The new graph: the items in `order`, each region as one node.
+Rebuilt buildGraph(const ir::Graph& g, const std::vector<int>& order,
+                   std::vector<KernelRegion>& regions, const KernelRegionOptions& options) {
+  Rebuilt b{ir::Graph(g.name()), std::vector<ValueId>(g.numValues(), ir::kNoId),
+            std::vector<NodeId>(g.numNodes(), ir::kNoId)};
+  ir::Graph& out = b.graph;
+  std::vector<ValueId>& value_map = b.value_map;
   for (const ir::Input& in : g.inputs()) {
     const ir::Value& v = g.value(in.value);
     value_map[static_cast<size_t>(in.value)] = out.addInput(v.name, v.type, in.role, in.device);
@@ -248,86 +318,82 @@ KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& f
                        g.value(v).name);
     return m;
   };
-  std::vector<NodeId> node_map(g.numNodes(), ir::kNoId);
   for (int item : order) {
     if (item >= 0) {
       NodeId m = ir::copyNode(g, item, out, {.value = mapped}, &value_map);
-      node_map[static_cast<size_t>(item)] = m;
+      b.node_map[static_cast<size_t>(item)] = m;
       continue;
     }
-    KernelRegion& k = regions[static_cast<size_t>(-item - 1)];
-    std::vector<ir::Arg> tensors;
-    std::vector<ir::Arg> sizes;
-    for (size_t i = 0; i < k.inputs.size(); ++i) {
-      (i < k.num_tensor_inputs ? tensors : sizes).push_back(ir::Arg::value(k.inputs[i]));
-    }
-    std::vector<ir::Arg> args{ir::Arg::integer(k.key), ir::Arg::list(std::move(tensors)),
-                              ir::Arg::list(std::move(sizes))};
-    std::vector<std::pair<std::string, ir::Type>> outs;
-    for (ValueId v : k.outputs) outs.emplace_back(g.value(v).name, g.value(v).type);
-    for (ir::Arg& a : args) a.remapValues(mapped);
-    NodeId m = out.addNode(options.op, std::move(args), std::move(outs));
-    ir::Node& node = out.node(m);
-    const ir::Node& first = g.node(k.nodes.front());
-    node.layer = commonLayer(g, k.nodes);
-    node.phase = first.phase;
-    node.device = first.device;
-    node.microbatch = first.microbatch;
-    bool costed = false;
-    ir::Cost cost;
-    for (NodeId n : k.nodes) {
-      if (!g.node(n).cost) continue;
-      costed = true;
-      cost.time_us += g.node(n).cost->time_us;
-      cost.temp_bytes = std::max(cost.temp_bytes, g.node(n).cost->temp_bytes);
-    }
-    for (ValueId v : k.outputs) cost.output_bytes += g.value(v).type.bytes().value_or(0);
-    if (costed) node.cost = cost;
-    if (node.outputs.empty()) out.setLabel(m, "region" + std::to_string(k.key));
-    for (size_t i = 0; i < k.outputs.size(); ++i) {
-      value_map[static_cast<size_t>(k.outputs[i])] = node.outputs[i];
-    }
-    k.node = m;
+    addRegionNode(g, regions[static_cast<size_t>(-item - 1)], options, mapped, out, value_map);
   }
   std::vector<ValueId> outputs;
   for (ValueId v : g.outputs()) outputs.push_back(value_map[static_cast<size_t>(v)]);
   out.setOutputs(std::move(outputs));
+  return b;
+}
 
-  // The new schedules.
-  ir::Program result(std::move(out), p.numDevices());
-  for (int d = 0; d < p.numDevices(); ++d) {
-    const std::vector<Instruction>& list = p.schedule(d);
-    std::vector<int> region_starting(list.size(), -1);
-    std::vector<bool> skipped(list.size(), false);
-    for (size_t r = 0; r < runs.size(); ++r) {
-      if (runs[r].device != d) continue;
-      region_starting[runs[r].first] = static_cast<int>(r);
-      for (size_t i = runs[r].first; i < runs[r].end; ++i) skipped[i] = true;
-    }
-    for (size_t i = 0; i < list.size(); ++i) {
-      int r = region_starting[i];
-      if (r != -1) {
-        result.append(d, Instruction::run(regions[static_cast<size_t>(r)].node));
-        for (size_t f : runs[static_cast<size_t>(r)].frees) {
-          ValueId v = list[f].value;
-          if (!internal[static_cast<size_t>(v)]) {
-            result.append(d, Instruction::free(value_map[static_cast<size_t>(v)]));
-          }
+// Device d's new schedule: each run replaced by its region's node and the
+// frees that stood in it, frees of internal values dropped.
+void rescheduleDevice(const ir::Program& p, int d, const std::vector<Run>& runs,
+                      const Contraction& c, const Rebuilt& b, ir::Program& result) {
+  const std::vector<Instruction>& list = p.schedule(d);
+  std::vector<int> region_starting(list.size(), -1);
+  std::vector<bool> skipped(list.size(), false);
+  for (size_t r = 0; r < runs.size(); ++r) {
+    if (runs[r].device != d) continue;
+    region_starting[runs[r].first] = static_cast<int>(r);
+    for (size_t i = runs[r].first; i < runs[r].end; ++i) skipped[i] = true;
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    int r = region_starting[i];
+    if (r != -1) {
+      result.append(d, Instruction::run(c.regions[static_cast<size_t>(r)].node));
+      for (size_t f : runs[static_cast<size_t>(r)].frees) {
+        ValueId v = list[f].value;
+        if (!c.internal[static_cast<size_t>(v)]) {
+          result.append(d, Instruction::free(b.value_map[static_cast<size_t>(v)]));
         }
       }
-      if (skipped[i]) continue;
-      Instruction inst = list[i];
-      if (inst.kind == Kind::Free && internal[static_cast<size_t>(inst.value)]) continue;
-      if (inst.kind == Kind::Run) {
-        inst.node = node_map[static_cast<size_t>(inst.node)];
-      } else {
-        inst.value = value_map[static_cast<size_t>(inst.value)];
-      }
-      result.append(d, inst);
     }
+    if (skipped[i]) continue;
+    Instruction inst = list[i];
+    if (inst.kind == Kind::Free && c.internal[static_cast<size_t>(inst.value)]) continue;
+    if (inst.kind == Kind::Run) {
+      inst.node = b.node_map[static_cast<size_t>(inst.node)];
+    } else {
+      inst.value = b.value_map[static_cast<size_t>(inst.value)];
+    }
+    result.append(d, inst);
   }
+}
+
+}  // namespace
+
+ir::Program oneDeviceProgram(const ir::Graph& g) {
+  ir::Program p(g, 1);
+  for (size_t n = 0; n < g.numNodes(); ++n) p.append(0, Instruction::run(static_cast<NodeId>(n)));
+  return p;
+}
+
+KernelRegions fuseKernelRegions(const ir::Program& p, const std::vector<bool>& fusible,
+                                const KernelRegionOptions& options) {
+  const ir::Graph& g = p.graph();
+  MP_CHECK(fusible.size() == g.numNodes(), InvalidIrError,
+           "modelpar kernel-regions: graph @{} has {} nodes but the fusible mask has {} entries",
+           g.name(), g.numNodes(), fusible.size());
+  std::vector<Run> runs = RegionFinder(p, fusible, options.min_nodes).find();
+  if (runs.empty()) return KernelRegions{p, {}};
+  for (Run& r : runs) trimFrees(r);
+
+  Contraction c = contract(p, runs, options);
+  std::vector<int> order = orderItems(g, c);
+  Rebuilt b = buildGraph(g, order, c.regions, options);
+
+  // The new schedules.
+  ir::Program result(std::move(b.graph), p.numDevices());
+  for (int d = 0; d < p.numDevices(); ++d) rescheduleDevice(p, d, runs, c, b, result);
   ir::verify(result);
-  return KernelRegions{std::move(result), std::move(regions)};
+  return KernelRegions{std::move(result), std::move(c.regions)};
 }
 
 }  // namespace modelpar::passes

@@ -103,6 +103,24 @@ class Simulator {
     return p_.schedule(d)[static_cast<size_t>(gid - offset_[static_cast<size_t>(d)])];
   }
 
+  // Receives by value, to match sends: CSR of (gid) with device / peer.
+  struct RecvIndex {
+    std::vector<int32_t> begin;  // by value, numValues() + 1 entries
+    std::vector<int32_t> gids;
+  };
+
+  // A value not defined on the device being compiled.
+  static constexpr int32_t kUnset = -2;
+
+  // compile()'s state while it walks device d's program.
+  struct Walk {
+    int d;
+    std::vector<int32_t>& where;        // defining gid on this device, -1 input
+    std::vector<ir::ValueId>& touched;  // the values `where` has set, to reset it
+    int32_t last_run = kNone;
+    std::vector<int32_t> recvs_since_run = {};  // Note [In-order issue]
+  };
+
   // Dependencies (gids whose end a run / send waits for), durations, matches.
   void compile() {
     devices_.resize(static_cast<size_t>(nd_));
@@ -110,7 +128,22 @@ class Simulator {
     held_.assign(n_, 0.0);
     dep_begin_.assign(n_ + 1, 0);
     match_.assign(n_, kNone);
-    // Receives by value, to match sends: CSR of (gid) with device / peer.
+    const RecvIndex recvs = indexRecvs();
+
+    std::vector<int32_t> where(g_.numValues(), kUnset);  // defining gid on this device, -1 input
+    std::vector<ir::ValueId> touched;
+    deps_.reserve(n_ * 2);
+    for (int d = 0; d < nd_; ++d) {
+      Walk w{d, where, touched};
+      compileDevice(w, recvs);
+      for (ir::ValueId v : touched) where[static_cast<size_t>(v)] = kUnset;
+      touched.clear();
+    }
+    dep_begin_[n_] = static_cast<int32_t>(deps_.size());
+  }
+
+  // Receives by value, to match sends.
+  RecvIndex indexRecvs() const {
     std::vector<int32_t> recv_begin(g_.numValues() + 1, 0);
     for (int d = 0; d < nd_; ++d) {
       for (const ir::Instruction& i : p_.schedule(d)) {
@@ -128,101 +161,106 @@ class Simulator {
             offset_[static_cast<size_t>(d)] + static_cast<int32_t>(i);
       }
     }
+    return RecvIndex{std::move(recv_begin), std::move(recvs)};
+  }
 
-    constexpr int32_t kUnset = -2;
-    std::vector<int32_t> where(g_.numValues(), kUnset);  // defining gid on this device, -1 input
-    std::vector<ir::ValueId> touched;
-    deps_.reserve(n_ * 2);
-    for (int d = 0; d < nd_; ++d) {
-      Device& dev = devices_[static_cast<size_t>(d)];
-      for (const ir::Input& in : g_.inputs()) {
-        if (in.device.value_or(0) != d) continue;
-        where[static_cast<size_t>(in.value)] = kNone;
-        touched.push_back(in.value);
-      }
-      const auto& sched = p_.schedule(d);
-      int32_t last_run = kNone;
-      std::vector<int32_t> recvs_since_run;  // Note [In-order issue]
-      for (size_t i = 0; i < sched.size(); ++i) {
-        const ir::Instruction& ins = sched[i];
-        int32_t gid = offset_[static_cast<size_t>(d)] + static_cast<int32_t>(i);
-        dep_begin_[static_cast<size_t>(gid)] = static_cast<int32_t>(deps_.size());
-        auto depOn = [&](ir::ValueId v) {
-          int32_t w = where[static_cast<size_t>(v)];
-          MP_CHECK(w != kUnset, InvalidIrError,
-                   "modelpar {}: device {} instruction {} ({}) uses %{} which is not on the "
-                   "device; run ir::verify", kSimulatePassId, d, i,
-                   ir::printInstruction(g_, ins), g_.value(v).name);
-          if (w >= 0) deps_.push_back(w);
-        };
-        switch (ins.kind) {
-          case ir::Instruction::Kind::Run: {
-            auto n = static_cast<size_t>(ins.node);
-            MP_CHECK(!std::isnan(flat_.time_us[n]), ConfigError,
-                     "modelpar {}: node {} ({}) has no cost; run the cost pass first",
-                     kSimulatePassId, g_.nodeRef(ins.node), g_.node(ins.node).qualifiedName());
-            for (int32_t k = flat_.arg_begin[n]; k < flat_.arg_begin[n + 1]; ++k) {
-              depOn(flat_.args[static_cast<size_t>(k)]);
-            }
-            deps_.insert(deps_.end(), recvs_since_run.begin(), recvs_since_run.end());
-            recvs_since_run.clear();
-            duration_[static_cast<size_t>(gid)] = flat_.time_us[n];
-            for (int32_t k = flat_.out_begin[n]; k < flat_.out_begin[n + 1]; ++k) {
-              auto o = static_cast<size_t>(flat_.outs[static_cast<size_t>(k)]);
-              if (where[o] == kUnset) touched.push_back(static_cast<ir::ValueId>(o));
-              where[o] = gid;
-            }
-            dev.runs.push_back(gid);
-            last_run = gid;
-            break;
-          }
-          case ir::Instruction::Kind::Send: {
-            depOn(ins.value);
-            // The worker issues the send after the run before it: that run
-            // lasts the send's host cost longer (DeviceModel::sendOverheadUs;
-            // a send before any run of its device costs its device nothing).
-            if (last_run != kNone) duration_[static_cast<size_t>(last_run)] += m_.sendOverheadUs();
-            if (last_run != kNone) deps_.push_back(last_run);
-            deps_.insert(deps_.end(), recvs_since_run.begin(), recvs_since_run.end());
-            MP_CHECK(ins.peer >= 0 && ins.peer < nd_, InvalidIrError,
-                     "modelpar {}: device {} sends to device {} of {}", kSimulatePassId, d,
-                     ins.peer, nd_);
-            duration_[static_cast<size_t>(gid)] =
-                m_.transferUs(d, ins.peer, flat_.dense_bytes[static_cast<size_t>(ins.value)]);
-            // Note [A link's latency does not hold it]
-            held_[static_cast<size_t>(gid)] =
-                duration_[static_cast<size_t>(gid)] - m_.link(d, ins.peer).latency_us;
-            auto v = static_cast<size_t>(ins.value);
-            for (int32_t k = recv_begin[v]; k < recv_begin[v + 1]; ++k) {
-              int32_t r = recvs[static_cast<size_t>(k)];
-              if (match_[static_cast<size_t>(r)] != kNone || deviceOf(r) != ins.peer ||
-                  inst(r).peer != d) {
-                continue;
-              }
-              match_[static_cast<size_t>(r)] = gid;
-              match_[static_cast<size_t>(gid)] = r;
-              break;
-            }
-            MP_CHECK(match_[static_cast<size_t>(gid)] != kNone, InvalidIrError,
-                     "modelpar {}: device {} instruction {} ({}) has no matching recv on "
-                     "device {}", kSimulatePassId, d, i, ir::printInstruction(g_, ins), ins.peer);
-            dev.sends.push_back(gid);
-            ++num_transfers_;
-            break;
-          }
-          case ir::Instruction::Kind::Recv:
-            recvs_since_run.push_back(gid);
-            if (where[static_cast<size_t>(ins.value)] == kUnset) touched.push_back(ins.value);
-            where[static_cast<size_t>(ins.value)] = gid;
-            break;
-          case ir::Instruction::Kind::Free:
-            break;
-        }
-      }
-      for (ir::ValueId v : touched) where[static_cast<size_t>(v)] = kUnset;
-      touched.clear();
+  // The dependencies, durations and matches of device w.d's instructions.
+  void compileDevice(Walk& w, const RecvIndex& recvs) {
+    const int d = w.d;
+    for (const ir::Input& in : g_.inputs()) {
+      if (in.device.value_or(0) != d) continue;
+      w.where[static_cast<size_t>(in.value)] = kNone;
+      w.touched.push_back(in.value);
     }
-    dep_begin_[n_] = static_cast<int32_t>(deps_.size());
+    const auto& sched = p_.schedule(d);
+    for (size_t i = 0; i < sched.size(); ++i) {
+      const ir::Instruction& ins = sched[i];
+      int32_t gid = offset_[static_cast<size_t>(d)] + static_cast<int32_t>(i);
+      dep_begin_[static_cast<size_t>(gid)] = static_cast<int32_t>(deps_.size());
+      switch (ins.kind) {
+        case ir::Instruction::Kind::Run:
+          compileRun(w, i, gid, ins);
+          break;
+        case ir::Instruction::Kind::Send:
+          compileSend(w, i, gid, ins, recvs);
+          break;
+        case ir::Instruction::Kind::Recv:
+          w.recvs_since_run.push_back(gid);
+          if (w.where[static_cast<size_t>(ins.value)] == kUnset) w.touched.push_back(ins.value);
+          w.where[static_cast<size_t>(ins.value)] = gid;
+          break;
+        case ir::Instruction::Kind::Free:
+          break;
+      }
+    }
+  }
+
+  // Instruction i of device w.d (ins) waits for the instruction defining v.
+  void depOn(const Walk& w, size_t i, const ir::Instruction& ins, ir::ValueId v) {
+    int32_t where = w.where[static_cast<size_t>(v)];
+    MP_CHECK(where != kUnset, InvalidIrError,
+             "modelpar {}: device {} instruction {} ({}) uses %{} which is not on the "
+             "device; run ir::verify", kSimulatePassId, w.d, i,
+             ir::printInstruction(g_, ins), g_.value(v).name);
+    if (where >= 0) deps_.push_back(where);
+  }
+
+  // A run: waits for its operands and the recvs before it; defines its outputs.
+  void compileRun(Walk& w, size_t i, int32_t gid, const ir::Instruction& ins) {
+    auto n = static_cast<size_t>(ins.node);
+    MP_CHECK(!std::isnan(flat_.time_us[n]), ConfigError,
+             "modelpar {}: node {} ({}) has no cost; run the cost pass first",
+             kSimulatePassId, g_.nodeRef(ins.node), g_.node(ins.node).qualifiedName());
+    for (int32_t k = flat_.arg_begin[n]; k < flat_.arg_begin[n + 1]; ++k) {
+      depOn(w, i, ins, flat_.args[static_cast<size_t>(k)]);
+    }
+    deps_.insert(deps_.end(), w.recvs_since_run.begin(), w.recvs_since_run.end());
+    w.recvs_since_run.clear();
+    duration_[static_cast<size_t>(gid)] = flat_.time_us[n];
+    for (int32_t k = flat_.out_begin[n]; k < flat_.out_begin[n + 1]; ++k) {
+      auto o = static_cast<size_t>(flat_.outs[static_cast<size_t>(k)]);
+      if (w.where[o] == kUnset) w.touched.push_back(static_cast<ir::ValueId>(o));
+      w.where[o] = gid;
+    }
+    devices_[static_cast<size_t>(w.d)].runs.push_back(gid);
+    w.last_run = gid;
+  }
+
+  // A send: its dependencies, its transfer's time, and its matching recv.
+  void compileSend(Walk& w, size_t i, int32_t gid, const ir::Instruction& ins,
+                   const RecvIndex& recvs) {
+    const int d = w.d;
+    depOn(w, i, ins, ins.value);
+    // The worker issues the send after the run before it: that run
+    // lasts the send's host cost longer (DeviceModel::sendOverheadUs;
+    // a send before any run of its device costs its device nothing).
+    if (w.last_run != kNone) duration_[static_cast<size_t>(w.last_run)] += m_.sendOverheadUs();
+    if (w.last_run != kNone) deps_.push_back(w.last_run);
+    deps_.insert(deps_.end(), w.recvs_since_run.begin(), w.recvs_since_run.end());
+    MP_CHECK(ins.peer >= 0 && ins.peer < nd_, InvalidIrError,
+             "modelpar {}: device {} sends to device {} of {}", kSimulatePassId, d,
+             ins.peer, nd_);
+    duration_[static_cast<size_t>(gid)] =
+        m_.transferUs(d, ins.peer, flat_.dense_bytes[static_cast<size_t>(ins.value)]);
+    // Note [A link's latency does not hold it]
+    held_[static_cast<size_t>(gid)] =
+        duration_[static_cast<size_t>(gid)] - m_.link(d, ins.peer).latency_us;
+    auto v = static_cast<size_t>(ins.value);
+    for (int32_t k = recvs.begin[v]; k < recvs.begin[v + 1]; ++k) {
+      int32_t r = recvs.gids[static_cast<size_t>(k)];
+      if (match_[static_cast<size_t>(r)] != kNone || deviceOf(r) != ins.peer ||
+          inst(r).peer != d) {
+        continue;
+      }
+      match_[static_cast<size_t>(r)] = gid;
+      match_[static_cast<size_t>(gid)] = r;
+      break;
+    }
+    MP_CHECK(match_[static_cast<size_t>(gid)] != kNone, InvalidIrError,
+             "modelpar {}: device {} instruction {} ({}) has no matching recv on "
+             "device {}", kSimulatePassId, d, i, ir::printInstruction(g_, ins), ins.peer);
+    devices_[static_cast<size_t>(d)].sends.push_back(gid);
+    ++num_transfers_;
   }
 
   // Runs every run of device d whose inputs are known; then offers its next send.

@@ -82,6 +82,12 @@ class Microbatcher {
   // 3. (microbatch_loss.cpp) The loss: a scalar forward output computed per
   // micro-batch; the seed; the reduction.
   void findLossAndSeed();
+  // Its steps, in this order.
+  void findLoss();
+  void findSeed();
+  void findReduction();
+  // The output of the backward's seed op that reads `loss`, or kNoId.
+  ValueId seedNodeOf(ValueId loss) const;
   // The forward values the loss is a linear function of, back to the ops that
   // reduce over the batch (their inputs carry the batch dimension).
   std::vector<char> lossPath() const;

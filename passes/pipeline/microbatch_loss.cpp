@@ -43,8 +43,28 @@ bool isLinearOp(std::string_view op) {
 
 }  // namespace
 
+// The value of the backward's seed op that reads `loss` (ones_like(loss)), or
+// kNoId.
+ValueId Microbatcher::seedNodeOf(ValueId loss) const {
+  for (NodeId u : users_[static_cast<size_t>(loss)]) {
+    const ir::Node& nd = g_.node(u);
+    if (nd.phase == Phase::Backward && isSeedOp(nd.op) && nd.outputs.size() == 1) {
+      return nd.outputs[0];
+    }
+  }
+  return ir::kNoId;
+}
+
 // 3. The loss: a scalar forward output computed per micro-batch.
 void Microbatcher::findLossAndSeed() {
+  findLoss();
+  findSeed();
+  findReduction();
+}
+
+// 3. The loss: the loss option, the one output a seed op reads, the one
+// candidate output, or the one scalar a seed op reads.
+void Microbatcher::findLoss() {
   std::vector<ValueId> candidates;
   for (ValueId v : g_.outputs()) {
     const ir::Value& val = g_.value(v);
@@ -54,15 +74,6 @@ void Microbatcher::findLossAndSeed() {
       candidates.push_back(v);
     }
   }
-  auto seedNodeOf = [&](ValueId loss) -> ValueId {
-    for (NodeId u : users_[static_cast<size_t>(loss)]) {
-      const ir::Node& nd = g_.node(u);
-      if (nd.phase == Phase::Backward && isSeedOp(nd.op) && nd.outputs.size() == 1) {
-        return nd.outputs[0];
-      }
-    }
-    return ir::kNoId;
-  };
   if (!o_.loss.empty()) {
     std::optional<ValueId> v = g_.findValue(o_.loss);
     MP_CHECK(v && is_output_[static_cast<size_t>(*v)], ConfigError,
@@ -101,7 +112,10 @@ void Microbatcher::findLossAndSeed() {
       if (read.size() == 1) d_.loss = read[0];
     }
   }
-  // The seed: the ones_like(loss) node, a named value, or a tangent input.
+}
+
+// 3. The seed: the ones_like(loss) node, a named value, or a tangent input.
+void Microbatcher::findSeed() {
   if (!o_.seed.empty()) {
     std::optional<ValueId> v = g_.findValue(o_.seed);
     MP_CHECK(v.has_value(), ConfigError, "{}: graph @{}: seed '{}' is not a value", kWho,
@@ -138,6 +152,10 @@ void Microbatcher::findLossAndSeed() {
              "{}: graph @{}: seed %{} of type {} is not an unbatched tensor", kWho, g_.name(),
              s.name, ir::toString(s.type));
   }
+}
+
+// 3. The reduction: whether the loss is a mean, and its counted reducer.
+void Microbatcher::findReduction() {
   MP_CHECK(d_.seed == ir::kNoId || d_.loss != ir::kNoId ||
                o_.loss_reduction != LossReduction::Auto || d_.sizes.size() == 1,
            ConfigError,

@@ -49,8 +49,8 @@ void checkOneStagePerDevice(const Pipeline& P) {
   }
 }
 
-// 1. Options, roles, stages, and the edge rules.
-Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
+// 1. The schedule kind, relay_skips, and one stage per node.
+void checkOptions(const ir::Graph& g, const PipelineScheduleOptions& o) {
   const auto id = kSchedulePassId;
   MP_CHECK(o.kind == "gpipe" || o.kind == "1f1b" || o.kind == "1f1b*" || o.kind == "interleaved" ||
                o.kind == "zb-h1" || o.kind == "zb-v",
@@ -63,9 +63,13 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
   MP_CHECK(o.stage_of_node.size() == nn, ConfigError,
            "modelpar {}: stage_of_node has {} entries for the {} nodes of graph @{}", id,
            o.stage_of_node.size(), nn, g.name());
-  Pipeline P;
-  P.role.assign(nn, Role::InTask);
-  P.stage = o.stage_of_node;
+}
+
+// 1. Each node's role and stage, and the number of micro-batches; returns the
+// largest stage of a node that is not shared.
+int assignRoles(const ir::Graph& g, Pipeline& P) {
+  const auto id = kSchedulePassId;
+  const size_t nn = g.numNodes();
   int max_stage = -1;
   for (size_t i = 0; i < nn; ++i) {
     const ir::Node& n = g.nodes()[i];
@@ -92,6 +96,14 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
     MP_CHECK(s >= -1, ConfigError, "modelpar {}: node {} has stage {}", id, g.nodeRef(ni), s);
     if (P.role[i] != Role::Shared) max_stage = std::max(max_stage, s);
   }
+  return max_stage;
+}
+
+// 1. The number of stages, each stage's device, and the number of devices.
+void assignDevices(const ir::Graph& g, const PipelineScheduleOptions& o, int max_stage,
+                   Pipeline& P) {
+  const auto id = kSchedulePassId;
+  const size_t nn = g.numNodes();
   P.n = o.device_of_stage.empty() ? std::max(max_stage + 1, 1)
                                   : static_cast<int>(o.device_of_stage.size());
   for (size_t i = 0; i < nn; ++i) {
@@ -110,6 +122,12 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
              id, s, d);
     P.num_devices = std::max(P.num_devices, d + 1);
   }
+}
+
+// 1. What the schedule kind asks of the placement, each stage's warmup, and
+// the periodic pattern.
+void applyKind(const PipelineScheduleOptions& o, Pipeline& P) {
+  const auto id = kSchedulePassId;
   P.m = std::max(P.m, 1);
   if (o.kind == "interleaved") checkLoopingPlacement(P);
   if (o.kind == "zb-h1") checkOneStagePerDevice(P);
@@ -143,6 +161,11 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
              "stage for each of the {} stages", id, P.n);
     P.pattern = &pt;
   }
+}
+
+// 1. Each micro-batch node's task: its stage, micro-batch and F, B or W.
+void assignTasks(const ir::Graph& g, Pipeline& P) {
+  const size_t nn = g.numNodes();
   P.task.assign(nn, -1);
   // zb-h1, zb-v: each backward task's W part (Note [Backward split]).
   const BackwardSplit split = P.zero_bubble ? splitBackward(g, P.stage) : BackwardSplit{};
@@ -153,7 +176,12 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
     const bool w = !split.part.empty() && split.part[i] == BackwardPart::W;
     P.task[i] = P.taskId(P.stage[i], *n.microbatch, w ? kW : bwd ? kB : kF);
   }
-  // Edge rules between micro-batch nodes.
+}
+
+// 1. Edge rules between micro-batch nodes.
+void checkEdges(const ir::Graph& g, const PipelineScheduleOptions& o, const Pipeline& P) {
+  const auto id = kSchedulePassId;
+  const size_t nn = g.numNodes();
   for (size_t i = 0; i < nn; ++i) {
     if (P.role[i] != Role::InTask) continue;
     auto vi = static_cast<ir::NodeId>(i);
@@ -188,6 +216,19 @@ Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
       }
     }
   }
+}
+
+// 1. Options, roles, stages, and the edge rules.
+Pipeline check(const ir::Graph& g, const PipelineScheduleOptions& o) {
+  checkOptions(g, o);
+  Pipeline P;
+  P.role.assign(g.numNodes(), Role::InTask);
+  P.stage = o.stage_of_node;
+  const int max_stage = assignRoles(g, P);
+  assignDevices(g, o, max_stage, P);
+  applyKind(o, P);
+  assignTasks(g, P);
+  checkEdges(g, o, P);
   return P;
 }
 

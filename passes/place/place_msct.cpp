@@ -75,101 +75,130 @@ struct LpState {
   double w = 0;
 };
 
-// 1. Solves the LP over the tasks of topological rank [lo, hi) and commits
-// x of the edges into, and s of, the tasks of rank [lo, commit_hi). Tasks
-// below lo have committed start times; their edges into the window enter
-// as s_i + p_i + c_e x_e <= s_j with s_i fixed, and a parent's "one
-// favourite" row counts what earlier windows committed and leaves room for
-// its edges beyond the window (each may still be 1). With lo = 0 and hi =
-// n this is the whole LP of place_msct.h. The objective is w + eps * sum s:
-// the small second term pins every start to its earliest LP-feasible time,
-// which the next window reads.
-void solveWindow(const TaskGraph& tg, const Edges& ed, int32_t lo, int32_t hi, int32_t commit_hi,
-                 double eps, double seconds, int64_t iterations, LpState& st, MSctStats* stats) {
-  const double inf = COIN_DBL_MAX;
-  auto rankOf = [&](int32_t t) { return tg.rank[static_cast<size_t>(t)]; };
-  auto p = [&](int32_t t) { return tg.time_us[static_cast<size_t>(t)]; };
-  // Columns: x of the window's in-edges, then s of its tasks, then w.
+// The LP's columns over the tasks of rank [lo, hi): x of the window's
+// in-edges, then s of its tasks, then w.
+struct Window {
+  const TaskGraph& tg;
+  int32_t lo = 0, hi = 0;
   std::vector<int32_t> edges;
-  for (int32_t r = lo; r < hi; ++r) {
-    for (int32_t e : ed.in[static_cast<size_t>(tg.topo[static_cast<size_t>(r)])]) edges.push_back(e);
-  }
   std::unordered_map<int32_t, int> xcol;
-  for (size_t k = 0; k < edges.size(); ++k) xcol.emplace(edges[k], static_cast<int>(k));
-  int n_tasks = hi - lo;
-  auto scol = [&](int32_t t) { return static_cast<int>(edges.size()) + (rankOf(t) - lo); };
-  int wcol = static_cast<int>(edges.size()) + n_tasks, num_cols = wcol + 1;
 
+  int32_t rankOf(int32_t t) const { return tg.rank[static_cast<size_t>(t)]; }
+  double p(int32_t t) const { return tg.time_us[static_cast<size_t>(t)]; }
+  int numTasks() const { return hi - lo; }
+  int scol(int32_t t) const { return static_cast<int>(edges.size()) + (rankOf(t) - lo); }
+  int wcol() const { return static_cast<int>(edges.size()) + numTasks(); }
+  int numCols() const { return wcol() + 1; }
+};
+
+// The columns of the window [lo, hi).
+Window windowColumns(const TaskGraph& tg, const Edges& ed, int32_t lo, int32_t hi) {
+  Window win{tg, lo, hi, {}, {}};
+  for (int32_t r = lo; r < hi; ++r) {
+    for (int32_t e : ed.in[static_cast<size_t>(tg.topo[static_cast<size_t>(r)])]) win.edges.push_back(e);
+  }
+  for (size_t k = 0; k < win.edges.size(); ++k) win.xcol.emplace(win.edges[k], static_cast<int>(k));
+  return win;
+}
+
+// The LP's rows as (row, column, value) entries, built one row at a time.
+struct Rows {
   std::vector<int> rows, cols;
   std::vector<double> vals, row_lb, row_ub;
-  auto entry = [&](int c, double v) {
+
+  void entry(int c, double v) {
     rows.push_back(static_cast<int>(row_lb.size()));
     cols.push_back(c);
     vals.push_back(v);
-  };
-  auto endRow = [&](double lb, double ub) {
+  }
+  void endRow(double lb, double ub) {
     row_lb.push_back(lb);
     row_ub.push_back(ub);
-  };
-  // Precedence per edge.
-  for (int32_t e : edges) {
-    int32_t i = ed.src[static_cast<size_t>(e)], j = tg.succs[static_cast<size_t>(e)];
+  }
+};
+
+// Precedence per edge.
+void addPrecedenceRows(const Edges& ed, const Window& win, const LpState& st, Rows& lp) {
+  const double inf = COIN_DBL_MAX;
+  for (int32_t e : win.edges) {
+    int32_t i = ed.src[static_cast<size_t>(e)], j = win.tg.succs[static_cast<size_t>(e)];
     double c = ed.cost[static_cast<size_t>(e)];
-    if (c > 0) entry(xcol.at(e), c);
-    entry(scol(j), -1.0);
-    if (rankOf(i) >= lo) {
-      entry(scol(i), 1.0);
-      endRow(-inf, -p(i));
+    if (c > 0) lp.entry(win.xcol.at(e), c);
+    lp.entry(win.scol(j), -1.0);
+    if (win.rankOf(i) >= win.lo) {
+      lp.entry(win.scol(i), 1.0);
+      lp.endRow(-inf, -win.p(i));
     } else {
-      endRow(-inf, -(st.s[static_cast<size_t>(i)] + p(i)));
+      lp.endRow(-inf, -(st.s[static_cast<size_t>(i)] + win.p(i)));
     }
   }
-  // At most one favourite child per parent: sum over the window's edges of
-  // each parent >= outdeg - 1 - (committed x) - (edges beyond the window).
+}
+
+// At most one favourite child per parent: sum over the window's edges of
+// each parent >= outdeg - 1 - (committed x) - (edges beyond the window).
+void addFavouriteChildRows(const Edges& ed, const Window& win, const LpState& st, Rows& lp) {
+  const double inf = COIN_DBL_MAX;
+  const TaskGraph& tg = win.tg;
   std::unordered_map<int32_t, std::vector<int32_t>> by_parent;
-  for (int32_t e : edges) by_parent[ed.src[static_cast<size_t>(e)]].push_back(e);
+  for (int32_t e : win.edges) by_parent[ed.src[static_cast<size_t>(e)]].push_back(e);
   std::vector<int32_t> parents;
   for (const auto& kv : by_parent) parents.push_back(kv.first);
   std::sort(parents.begin(), parents.end());
   for (int32_t i : parents) {
     double need = static_cast<double>(tg.succsOf(i).size()) - 1.0;
     for (auto e = tg.succ_begin[static_cast<size_t>(i)]; e < tg.succ_begin[static_cast<size_t>(i) + 1]; ++e) {
-      int32_t r = rankOf(tg.succs[static_cast<size_t>(e)]);
-      if (r < lo) need -= st.x[static_cast<size_t>(e)];
-      if (r >= hi) need -= 1.0;
+      int32_t r = win.rankOf(tg.succs[static_cast<size_t>(e)]);
+      if (r < win.lo) need -= st.x[static_cast<size_t>(e)];
+      if (r >= win.hi) need -= 1.0;
     }
     if (need <= 1e-9) continue;
-    for (int32_t e : by_parent[i]) entry(xcol.at(e), 1.0);
-    endRow(need, inf);
+    for (int32_t e : by_parent[i]) lp.entry(win.xcol.at(e), 1.0);
+    lp.endRow(need, inf);
   }
-  // At most one favoured parent per child; the window's makespan.
-  for (int32_t r = lo; r < hi; ++r) {
+}
+
+// At most one favoured parent per child; the window's makespan.
+void addFavouredParentAndMakespanRows(const Edges& ed, const Window& win, Rows& lp) {
+  const double inf = COIN_DBL_MAX;
+  const TaskGraph& tg = win.tg;
+  for (int32_t r = win.lo; r < win.hi; ++r) {
     int32_t j = tg.topo[static_cast<size_t>(r)];
     const auto& in = ed.in[static_cast<size_t>(j)];
     if (in.size() >= 2) {
-      for (int32_t e : in) entry(xcol.at(e), 1.0);
-      endRow(static_cast<double>(in.size()) - 1.0, inf);
+      for (int32_t e : in) lp.entry(win.xcol.at(e), 1.0);
+      lp.endRow(static_cast<double>(in.size()) - 1.0, inf);
     }
     bool last = true;
-    for (int32_t k : tg.succsOf(j)) last = last && rankOf(k) >= hi;
+    for (int32_t k : tg.succsOf(j)) last = last && win.rankOf(k) >= win.hi;
     if (last) {
-      entry(scol(j), 1.0);
-      entry(wcol, -1.0);
-      endRow(-inf, -p(j));
+      lp.entry(win.scol(j), 1.0);
+      lp.entry(win.wcol(), -1.0);
+      lp.endRow(-inf, -win.p(j));
     }
   }
+}
+
+// Solves the window's LP (objective w + eps * sum s) with CLP and commits x
+// and s of the tasks of rank [lo, commit_hi) into st.
+void solveAndCommit(const Window& win, const Rows& lp_rows, int32_t commit_hi, double eps,
+                    double seconds, int64_t iterations, LpState& st) {
+  const double inf = COIN_DBL_MAX;
+  const TaskGraph& tg = win.tg;
+  const std::vector<int32_t>& edges = win.edges;
+  const int num_cols = win.numCols();
   std::vector<double> col_lb(static_cast<size_t>(num_cols), 0.0), col_ub(static_cast<size_t>(num_cols), inf),
       obj(static_cast<size_t>(num_cols), 0.0);
   for (size_t k = 0; k < edges.size(); ++k) col_ub[k] = 1.0;
-  for (int k = 0; k < n_tasks; ++k) obj[edges.size() + static_cast<size_t>(k)] = eps;
-  obj[static_cast<size_t>(wcol)] = 1.0;
+  for (int k = 0; k < win.numTasks(); ++k) obj[edges.size() + static_cast<size_t>(k)] = eps;
+  obj[static_cast<size_t>(win.wcol())] = 1.0;
 
-  CoinPackedMatrix matrix(/*colordered=*/true, rows.data(), cols.data(), vals.data(),
-                          static_cast<CoinBigIndex>(vals.size()));
-  matrix.setDimensions(static_cast<int>(row_lb.size()), num_cols);
+  CoinPackedMatrix matrix(/*colordered=*/true, lp_rows.rows.data(), lp_rows.cols.data(),
+                          lp_rows.vals.data(), static_cast<CoinBigIndex>(lp_rows.vals.size()));
+  matrix.setDimensions(static_cast<int>(lp_rows.row_lb.size()), num_cols);
   ClpSimplex lp;
   lp.setLogLevel(0);
-  lp.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(), row_lb.data(), row_ub.data());
+  lp.loadProblem(matrix, col_lb.data(), col_ub.data(), obj.data(), lp_rows.row_lb.data(),
+                 lp_rows.row_ub.data());
   // Note [An LP that does not depend on the clock] (favouriteChildren).
   if (iterations > 0) lp.setMaximumIterations(static_cast<int>(std::min<int64_t>(iterations, 1 << 30)));
   lp.setMaximumSeconds(std::max(seconds, 1e-3));
@@ -181,19 +210,38 @@ void solveWindow(const TaskGraph& tg, const Edges& ed, int32_t lo, int32_t hi, i
   lp.initialSolve(solve);
   const double* sol = lp.getColSolution();
   st.optimal = st.optimal && lp.isProvenOptimal();
-  st.w = sol[wcol];
+  st.w = sol[win.wcol()];
   for (size_t k = 0; k < edges.size(); ++k) {
-    if (rankOf(tg.succs[static_cast<size_t>(edges[k])]) < commit_hi) {
+    if (win.rankOf(tg.succs[static_cast<size_t>(edges[k])]) < commit_hi) {
       st.x[static_cast<size_t>(edges[k])] = sol[k];
     }
   }
-  for (int32_t r = lo; r < commit_hi; ++r) {
+  for (int32_t r = win.lo; r < commit_hi; ++r) {
     int32_t t = tg.topo[static_cast<size_t>(r)];
-    st.s[static_cast<size_t>(t)] = sol[scol(t)];
+    st.s[static_cast<size_t>(t)] = sol[win.scol(t)];
   }
+}
+
+// 1. Solves the LP over the tasks of topological rank [lo, hi) and commits
+// x of the edges into, and s of, the tasks of rank [lo, commit_hi). Tasks
+// below lo have committed start times; their edges into the window enter
+// as s_i + p_i + c_e x_e <= s_j with s_i fixed, and a parent's "one
+// favourite" row counts what earlier windows committed and leaves room for
+// its edges beyond the window (each may still be 1). With lo = 0 and hi =
+// n this is the whole LP of place_msct.h. The objective is w + eps * sum s:
+// the small second term pins every start to its earliest LP-feasible time,
+// which the next window reads.
+void solveWindow(const TaskGraph& tg, const Edges& ed, int32_t lo, int32_t hi, int32_t commit_hi,
+                 double eps, double seconds, int64_t iterations, LpState& st, MSctStats* stats) {
+  const Window win = windowColumns(tg, ed, lo, hi);
+  Rows rows;
+  addPrecedenceRows(ed, win, st, rows);
+  addFavouriteChildRows(ed, win, st, rows);
+  addFavouredParentAndMakespanRows(ed, win, rows);
+  solveAndCommit(win, rows, commit_hi, eps, seconds, iterations, st);
   if (stats) {
-    stats->lp_rows += static_cast<int64_t>(row_lb.size());
-    stats->lp_columns += num_cols;
+    stats->lp_rows += static_cast<int64_t>(rows.row_lb.size());
+    stats->lp_columns += win.numCols();
     ++stats->lp_windows;
   }
 }
