@@ -7,14 +7,14 @@ on (:func:`wire_device`) and whether it can carry the step's tensors
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 import torch
 
 from ..errors import ConfigError, ExecutionError
+from ..runtime.tracing_state import outside_tracing
 
 __all__ = ["WORLD", "group_of", "wait_for", "outside_tracing", "wire_device", "check_backend"]
 
@@ -61,28 +61,6 @@ def wait_for(work: Any, timeout_s: float, what: str) -> None:
     except Exception as e:  # c10d's errors: a peer died or timed out
         raise ExecutionError(f"modelpar: {what} failed within the {timeout_s:g} s timeout: "
                              f"{e}") from e
-
-
-@contextlib.contextmanager
-def outside_tracing() -> Iterator[None]:
-    """Lifts what AOTAutograd's tracing leaves on for the compilers: its fake
-    mode, Python dispatch modes and the Python dispatcher.
-
-    Note [Collectives outside the tracer's dispatch]: the plans are made,
-    and their hashes and measurements exchanged, inside the compilers, where
-    AOTAutograd has the Python dispatcher on. A c10d call from there goes
-    through it, which takes the GIL, and so holds the GIL while
-    ProcessGroupGloo::enqueue waits for the group's work mutex; the group's
-    worker thread holds that mutex while it destroys the previous
-    collective's work, whose tensors Python made, and that wants the GIL:
-    the process hung (1 in 3 runs of two broadcasts in a row, gdb: the main
-    thread in enqueue under python_dispatcher, pt_gloo_runloop in
-    ~AsyncBroadcastWork -> decref_pyobject -> gil_scoped_acquire)."""
-    from torch._dispatch.python import no_python_dispatcher
-    from torch._subclasses.fake_tensor import unset_fake_temporarily
-    from torch.utils._python_dispatch import _disable_current_modes
-    with unset_fake_temporarily(), _disable_current_modes(), no_python_dispatcher():
-        yield
 
 
 def wire_device(group: Any) -> torch.device:

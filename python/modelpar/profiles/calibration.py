@@ -48,8 +48,10 @@ from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["Target", "Progress", "calibrate", "fastest_in_rounds", "median_us",
-           "profile_from_env"]
+from ..runtime.tracing_state import outside_tracing
+
+__all__ = ["Target", "Progress", "calibrate", "copy_times", "fastest_in_rounds",
+           "measure_and_fit", "median_us", "profile_from_env"]
 
 K = TypeVar("K")
 
@@ -246,16 +248,17 @@ def send_us(target: Target, k: int = 32, reps: int = 30) -> float:
 
 
 # Note [Copies timed on a busy machine]: a link's bandwidth is the slope of
-# copy time over size, fitted to five copy sizes. On a machine whose cores
-# are busy (a build beside it), one size's median can land on a stretch
-# where the process waited for a core: found by the demo on a fresh machine,
-# where a 1 MiB copy timed slower than the 4 and 16 MiB ones, the fit found
-# no slope, and the first placed step failed with "transfer time does not
-# grow with size". So each size is timed in COPY_ROUNDS rounds that take the
-# sizes in turn and keeps its fastest round (waiting only ever adds time);
-# while the times still fall as sizes grow, the sizes are timed again, up
-# to COPY_ATTEMPTS times, and after that the error says the machine was too
-# busy and how to go on without calibrating.
+# copy time over size, fitted to five copy sizes, and the fit fails when the
+# times do not grow with size. A median of 15 copies can still land on a
+# stretch where the process waited for a core (a build beside it), more
+# than the next size takes: so each size is timed in COPY_ROUNDS rounds that
+# take the sizes in turn and keeps its fastest round (waiting only ever adds
+# time); while the times still fall as sizes grow, the sizes are timed
+# again, up to COPY_ATTEMPTS times, and after that a warning says the
+# machine was busy and how to go on without calibrating. (The failure the
+# demo met on a fresh machine, every copy 140 us whatever its size, was not
+# load but fake tensors: Note [Calibrated on real tensors] in
+# runtime/tracing_state.py.)
 COPY_ROUNDS = 3
 COPY_ATTEMPTS = 3
 
@@ -302,7 +305,15 @@ def copy_times(target: Target, bar: Progress, *,
 def calibrate(target: Target, memory_bytes: int, *, progress: bool = True) -> str:
     """Measures ``target`` (see the module docstring) and returns the
     profile's JSON text: one device, which the planners replicate to as
-    many devices as they plan for; ``memory_bytes`` is its capacity."""
+    many devices as they plan for; ``memory_bytes`` is its capacity. Runs
+    on real tensors when called from inside a compiler (Note [Calibrated on
+    real tensors] in runtime/tracing_state.py)."""
+    with outside_tracing():
+        return measure_and_fit(target, memory_bytes, progress)
+
+
+def measure_and_fit(target: Target, memory_bytes: int, progress: bool) -> str:
+    """:func:`calibrate`'s work, where the caller has lifted any tracing."""
     from .. import _C
     bar = Progress(len(target.mm_sizes) + len(target.add_sizes) + len(target.copy_sizes) + 2,
                    progress, target.title)
