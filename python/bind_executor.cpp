@@ -134,19 +134,7 @@ void bindExecutor(py::module_& m) {
                py::gil_scoped_release no_gil;  // waits for a step in flight
                r = ex.memoryReport();
              }
-             py::list devices;
-             for (const runtime::DeviceMemory& m : r.devices) {
-               py::dict d;
-               d["start_bytes"] = m.start_bytes;
-               d["peak_bytes"] = m.peak_bytes;
-               d["peak_instruction"] = m.peak_instruction;
-               d["end_bytes"] = m.end_bytes;
-               devices.append(d);
-             }
-             py::dict d;
-             d["steps"] = r.steps;
-             d["devices"] = devices;
-             return d;
+             return memoryReportToPython(r);
            },
            "Measured per-device memory of the last step (runtime/memory_meter.h "
            "Note [Measured memory]); needs measure_memory=True.")

@@ -31,7 +31,7 @@ void bindRankExecutor(py::module_& m) {
       .def(py::init([](const ir::Program& p, const std::string& group_name, double timeout_s,
                        const std::string& device, std::vector<size_t> replicated,
                        std::vector<std::pair<size_t, int>> homes, bool verify, bool record_trace,
-                       const std::string& reverse_group_name) {
+                       const std::string& reverse_group_name, bool measure_memory) {
              MP_RT_CHECK(timeout_s > 0, ConfigError, "modelpar rank executor: timeout must be > 0 s, got ",
                          timeout_s);
              auto resolve = [](const std::string& name, const char* hint) {
@@ -52,6 +52,7 @@ void bindRankExecutor(py::module_& m) {
              o.replicated_outputs = std::move(replicated);
              o.output_homes = std::move(homes);
              o.record_trace = record_trace;
+             o.measure_memory = measure_memory;
              py::gil_scoped_release no_gil;
              return std::make_unique<RankExecutor>(p, std::move(group), std::move(o));
            }),
@@ -59,7 +60,18 @@ void bindRankExecutor(py::module_& m) {
            py::arg("device") = "cpu", py::arg("replicated_outputs") = std::vector<size_t>{},
            py::arg("output_homes") = std::vector<std::pair<size_t, int>>{},
            py::arg("verify") = true, py::arg("record_trace") = false,
-           py::arg("reverse_group_name") = "")
+           py::arg("reverse_group_name") = "", py::arg("measure_memory") = false)
+      .def("memory_report",
+           [](const RankExecutor& ex) {
+             runtime::MemoryReport r;
+             {
+               py::gil_scoped_release no_gil;  // waits for a step in flight
+               r = ex.memoryReport();
+             }
+             return memoryReportToPython(r);
+           },
+           "This rank's measured memory of the last step, one entry per device with this "
+           "rank's filled (Note [Measured memory]); needs measure_memory=True.")
       .def("chrome_trace",
            [](const RankExecutor& ex) { return runtime::toChromeTrace(ex.program(), ex.lastTrace()); },
            "Chrome trace JSON of the last step on this rank (needs record_trace=True).")

@@ -59,4 +59,20 @@ py::list toPython(const std::vector<c10::IValue>& values) {
   return out;
 }
 
+pybind11::dict memoryReportToPython(const runtime::MemoryReport& report) {
+  pybind11::list devices;
+  for (const runtime::DeviceMemory& m : report.devices) {
+    pybind11::dict d;
+    d["start_bytes"] = m.start_bytes;
+    d["peak_bytes"] = m.peak_bytes;
+    d["peak_instruction"] = m.peak_instruction;
+    d["end_bytes"] = m.end_bytes;
+    devices.append(d);
+  }
+  pybind11::dict d;
+  d["steps"] = report.steps;
+  d["devices"] = devices;
+  return d;
+}
+
 }  // namespace modelpar

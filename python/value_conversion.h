@@ -8,6 +8,8 @@
 
 #include <vector>
 
+#include "runtime/memory_meter.h"
+
 namespace modelpar {
 
 /// Tensors, bools, ints and floats to IValues; anything else raises
@@ -17,5 +19,10 @@ std::vector<c10::IValue> toIValues(const pybind11::sequence& inputs);
 /// Tensors, bools, ints, floats and None back to Python; other kinds raise
 /// ExecutionError.
 pybind11::list toPython(const std::vector<c10::IValue>& values);
+
+/// A measured step's memory (Note [Measured memory]) as
+/// {"steps": n, "devices": [{"start_bytes", "peak_bytes",
+/// "peak_instruction", "end_bytes"}, ...]}: the executors' memory_report().
+pybind11::dict memoryReportToPython(const runtime::MemoryReport& report);
 
 }  // namespace modelpar

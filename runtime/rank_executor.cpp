@@ -25,6 +25,7 @@
 #include "ir/random_ops.h"
 #include "ir/verifier.h"
 #include "runtime/check.h"
+#include "runtime/memory_meter.h"
 #include "runtime/op_call.h"
 #include "runtime/random_seeding.h"
 #include "runtime/rank_messages.h"
@@ -305,6 +306,7 @@ class RankExecutor::Impl {
       }
     }
     env_.assign(g.numValues(), c10::IValue());
+    if (options_.measure_memory) meter_ = std::make_unique<detail::StorageMeter>();
     const std::vector<ir::Instruction>& mine = program_.schedule(rank_);
     posted_.resize(mine.size());
     for (size_t i = 0; i < mine.size(); ++i) {
@@ -319,6 +321,7 @@ class RankExecutor::Impl {
                 ": graph @", g.name(), " takes ", g.inputs().size(), " inputs, got ", inputs.size());
     std::fill(env_.begin(), env_.end(), c10::IValue());
     pending_.clear();
+    if (meter_) meter_->reset();
     for (size_t k : local_inputs_) {
       const ir::Value& v = g.value(g.inputs()[k].value);
       c10::IValue in = std::move(inputs[k]);
@@ -328,8 +331,9 @@ class RankExecutor::Impl {
       if (in.isTensor() && in.toTensor().device() != options_.device) {
         in = in.toTensor().to(options_.device);
       }
-      env_[static_cast<size_t>(g.inputs()[k].value)] = std::move(in);
+      setSlot(g.inputs()[k].value, std::move(in));
     }
+    if (meter_) meter_->mark(-1);
     MP_RT_CHECK(!broken_, ExecutionError, "modelpar rank ", rank_, ": a previous step failed (",
                 broken_reason_, "); messages of that step may still be in flight, so this "
                 "executor cannot run again: every rank of the group must stop");
@@ -344,6 +348,7 @@ class RankExecutor::Impl {
         for (size_t i = 0; i < sched.size(); ++i) {
           const int64_t start = sinceStep();
           step(i, sched[i]);
+          if (meter_) meter_->mark(static_cast<int64_t>(i));
           const Span span{start, sinceStep()};
           trace_.host[static_cast<size_t>(rank_)][i] = span;
           // A send's track shows its hand-off (to the sender thread over
@@ -351,7 +356,15 @@ class RankExecutor::Impl {
           if (sched[i].kind == Kind::Send) trace_.transfer[static_cast<size_t>(rank_)][i] = span;
         }
       } else {
-        for (size_t i = 0; i < sched.size(); ++i) step(i, sched[i]);
+        for (size_t i = 0; i < sched.size(); ++i) {
+          step(i, sched[i]);
+          if (meter_) meter_->mark(static_cast<int64_t>(i));
+        }
+      }
+      if (meter_) {  // Note [Measured memory]: this rank's device
+        memory_report_.devices.assign(static_cast<size_t>(size_), DeviceMemory{});
+        memory_report_.devices[static_cast<size_t>(rank_)] = meter_->result();
+        ++memory_report_.steps;
       }
       if (random_) seeding_.endStep();
       sendHome();
@@ -443,7 +456,7 @@ class RankExecutor::Impl {
           MP_RT_THROW(ExecutionError, where(i, inst), ": ", errorText(e));
         }
         const std::vector<ir::ValueId>& defs = g.node(inst.node).outputs;
-        for (size_t k = 0; k < defs.size(); ++k) env_[static_cast<size_t>(defs[k])] = std::move(out[k]);
+        for (size_t k = 0; k < defs.size(); ++k) setSlot(defs[k], std::move(out[k]));
         return;
       }
       case Kind::Send: {
@@ -463,21 +476,21 @@ class RankExecutor::Impl {
       case Kind::Recv: {
         const ir::Type& type = g.value(inst.value).type;
         if (packedBytes(type)) {
-          env_[static_cast<size_t>(inst.value)] = takePosted(i, inst);
+          setSlot(inst.value, takePosted(i, inst));
           return;
         }
-        env_[static_cast<size_t>(inst.value)] = receive(type, source(i, inst, inst.peer), [&](at::Tensor& t) {
+        setSlot(inst.value, receive(type, source(i, inst, inst.peer), [&](at::Tensor& t) {
           std::vector<at::Tensor> one{t};
           wait([&] { return over(inst.peer, rank_).recv(one, inst.peer, static_cast<int>(inst.value)); },
                i, inst, inst.peer, "sent nothing");
-        });
+        }));
         return;
       }
       case Kind::Free: {
-        c10::IValue& v = env_[static_cast<size_t>(inst.value)];
+        const c10::IValue& v = env_[static_cast<size_t>(inst.value)];
         MP_RT_CHECK(!v.isNone(), ExecutionError, where(i, inst), ": %", g.value(inst.value).name,
                     " is not on rank ", rank_);
-        v = c10::IValue();
+        setSlot(inst.value, c10::IValue());
         return;
       }
     }
@@ -747,6 +760,10 @@ class RankExecutor::Impl {
   std::vector<std::vector<bool>> present_;  // by graph output, device: holds it at the end
   std::vector<std::pair<size_t, int>> moves_;  // output_homes its holder must send
   Env env_;
+  // Note [Measured memory] (memory_meter.h), with measure_memory: this
+  // rank's Env, as a worker of the multi-device executor measures its own.
+  std::unique_ptr<detail::StorageMeter> meter_;
+  MemoryReport memory_report_;
   std::vector<Pending> pending_;
   std::unique_ptr<Sender> sender_;  // over Gloo (Note [Issuing sends off the compute thread])
   // A receive posted ahead (Note [Posting receives ahead]).
@@ -772,6 +789,24 @@ class RankExecutor::Impl {
 
  public:
   int64_t waitNs() const { return wait_ns_; }
+  MemoryReport memoryReport() {
+    std::lock_guard<std::mutex> lock(run_mu_);
+    MP_RT_CHECK(options_.measure_memory, ConfigError,
+                "modelpar rank executor: memoryReport() needs RankExecutorOptions::measure_memory "
+                "(Python: measure_memory=True)");
+    return memory_report_;
+  }
+
+ private:
+  /// env_[v] = x, through the meter when measuring.
+  void setSlot(ir::ValueId v, c10::IValue x) {
+    c10::IValue& slot = env_[static_cast<size_t>(v)];
+    if (meter_) {
+      meter_->remove(slot);
+      meter_->add(x);
+    }
+    slot = std::move(x);
+  }
 };
 
 RankExecutor::RankExecutor(const ir::Program& p, c10::intrusive_ptr<c10d::ProcessGroup> group,
@@ -789,5 +824,7 @@ const std::vector<int>& RankExecutor::outputHolders() const { return impl_->hold
 int64_t RankExecutor::lastStepWaitNs() const { return impl_->waitNs(); }
 
 const ExecutionTrace& RankExecutor::lastTrace() const { return impl_->trace(); }
+
+MemoryReport RankExecutor::memoryReport() const { return impl_->memoryReport(); }
 
 }  // namespace modelpar::runtime

@@ -20,6 +20,7 @@
 #include "ir/error.h"
 #include "ir/program.h"
 #include "runtime/execution_trace.h"
+#include "runtime/memory_meter.h"
 
 namespace c10d {
 class ProcessGroup;
@@ -72,6 +73,10 @@ struct RankExecutorOptions {
   /// ExecutionError (Note [Peer data is checked], rank_messages.cpp).
   /// Default 64 GiB (kDefaultMaxMessageBytes).
   int64_t max_message_bytes = int64_t{1} << 36;
+  /// Measure this rank's held memory after every instruction, as the
+  /// multi-device executor's workers do (Note [Measured memory],
+  /// memory_meter.h; memoryReport()). Off: a branch per instruction.
+  bool measure_memory = false;
 };
 
 /// Example (rank r of a group of 2, running a 2-device program):
@@ -129,6 +134,10 @@ class RankExecutor {
   /// A run's span is its operator call, a send's its issue (on the send
   /// track too), a recv's its wait for the data.
   const ExecutionTrace& lastTrace() const;
+  /// The last measured step's memory: one entry per device, this rank's
+  /// filled (distinct tensor storages its Env held: start, peak and where,
+  /// end), the others zero. Throws ConfigError without measure_memory.
+  MemoryReport memoryReport() const;
 
  private:
   class Impl;

@@ -35,6 +35,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "ir/parser.h"
+#include "runtime/executor.h"
 #include "runtime/program_interpreter.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
@@ -201,6 +202,59 @@ TEST(RankExecutor, TwoRanksOfAPipelineEqualTheReferenceInterpreter) {
     EXPECT_TRUE(at::equal(got[1][2].toTensor(), want[2].toTensor()));  // w2_new on rank 1
     EXPECT_TRUE(got[0][2].isNone());
   }
+}
+
+// measure_memory (Note [Measured memory]): each rank measures its own
+// device as a worker of the multi-device executor measures it on the same
+// program and inputs (the same instructions on the same Env slots), and
+// leaves the other devices' entries zero. One difference is real: a small
+// received tensor is a view of its message, which carries its strides
+// ahead of the data (8 bytes a dimension, rank_messages.h), so a rank holds
+// up to that much more per tensor it received. Without the option the
+// report is a ConfigError.
+TEST(RankExecutor, MeasuredMemoryOfEachRankEqualsTheExecutorsForItsDevice) {
+  const ir::Program p = mlpPipeline();
+  Wire wire;
+  RankExecutorOptions o;
+  o.measure_memory = true;
+  std::vector<std::unique_ptr<RankExecutor>> ex;
+  for (int r = 0; r < 2; ++r) ex.push_back(std::make_unique<RankExecutor>(p, loopbackGroup(wire, r, 2), o));
+  ExecutorOptions eo;
+  eo.measure_memory = true;
+  Executor in_process(p, DeviceMap::cpuWorkers(2, 1), eo);
+  for (int step = 0; step < 2; ++step) {
+    const std::vector<IValue> in = mlpInputs();
+    runRanks(ex, in);
+    in_process.run(in);
+  }
+  const MemoryReport want = in_process.memoryReport();
+  ASSERT_EQ(want.devices.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const MemoryReport got = ex[static_cast<size_t>(r)]->memoryReport();
+    EXPECT_EQ(got.steps, 2);
+    ASSERT_EQ(got.devices.size(), 2u);
+    const DeviceMemory& mine = got.devices[static_cast<size_t>(r)];
+    const DeviceMemory& theirs = want.devices[static_cast<size_t>(r)];
+    EXPECT_GT(mine.peak_bytes, 0) << "rank " << r;
+    EXPECT_EQ(mine.start_bytes, theirs.start_bytes) << "rank " << r;
+    int64_t headers = 0;  // every tensor this rank receives, held at once at most
+    for (const ir::Instruction& inst : p.schedule(r)) {
+      if (inst.kind != ir::Instruction::Kind::Recv) continue;
+      const ir::Type& t = p.graph().value(inst.value).type;
+      if (t.isTensor()) headers += 8 * static_cast<int64_t>(t.shape.size());
+    }
+    EXPECT_GT(headers, 0) << "rank " << r;
+    EXPECT_GE(mine.peak_bytes, theirs.peak_bytes) << "rank " << r;
+    EXPECT_LE(mine.peak_bytes, theirs.peak_bytes + headers) << "rank " << r;
+    EXPECT_EQ(mine.peak_instruction, theirs.peak_instruction) << "rank " << r;
+    EXPECT_GE(mine.end_bytes, theirs.end_bytes) << "rank " << r;
+    EXPECT_LE(mine.end_bytes, theirs.end_bytes + headers) << "rank " << r;
+    EXPECT_EQ(got.devices[static_cast<size_t>(1 - r)].peak_bytes, 0) << "rank " << r;
+  }
+  std::vector<std::unique_ptr<RankExecutor>> plain;
+  Wire wire2;
+  for (int r = 0; r < 2; ++r) plain.push_back(std::make_unique<RankExecutor>(p, loopbackGroup(wire2, r, 2)));
+  EXPECT_HAS(messageOf<ConfigError>([&] { plain[0]->memoryReport(); }), "measure_memory");
 }
 
 // record_trace: each rank's trace holds a non-empty span for every one of
