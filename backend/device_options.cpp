@@ -61,11 +61,13 @@ void checkPipeline(const PipelineOptions& p) {
   MP_RT_CHECK(p.virtual_stages >= 0, ConfigError, "modelpar options: pipeline['virtual_stages']=",
               p.virtual_stages, " is not valid; virtual_stages takes an int >= 0 (0: 2 for "
               "schedule 'interleaved' and 'zb-v', 1 otherwise)");
-  MP_RT_CHECK(p.schedule != "zb-v" || p.virtual_stages == 0 || p.virtual_stages == 2, ConfigError,
+  using Stages = passes::ScheduleTraits::StagesPerDevice;
+  const Stages stages = passes::scheduleTraits(p.schedule).stages_per_device;
+  MP_RT_CHECK(stages != Stages::Two || p.virtual_stages == 0 || p.virtual_stages == 2, ConfigError,
               "modelpar options: pipeline['virtual_stages']=", p.virtual_stages, " is not valid; "
               "schedule 'zb-v' runs exactly 2 stages per device, placed in a V: give "
               "virtual_stages=2 or leave it unset");
-  MP_RT_CHECK(p.virtual_stages <= 1 || p.schedule == "interleaved" || p.schedule == "zb-v", ConfigError,
+  MP_RT_CHECK(p.virtual_stages <= 1 || stages != Stages::One, ConfigError,
               "modelpar options: pipeline['virtual_stages']=", p.virtual_stages, " is not valid; "
               "virtual_stages takes more than 1 only with schedule 'interleaved' (got '",
               p.schedule, "'), or exactly 2 with 'zb-v'");

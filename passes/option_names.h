@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <string_view>
@@ -27,6 +28,50 @@ inline constexpr std::string_view kPlacerNames[] = {"m-topo", "m-etf", "m-sct"};
 /// same split, 2 stages per device placed in a V).
 inline constexpr std::string_view kPipelineScheduleNames[] = {"gpipe", "1f1b", "1f1b*",
                                                               "interleaved", "zb-h1", "zb-v"};
+
+/// What planning, the search and the option checks ask of a schedule, in one
+/// table (a schedule is added here, not in string compares across files).
+/// What one schedule alone does (GPipe's backward order, 1F1B*'s in-flight
+/// counts, a placement check) stays with its code.
+struct ScheduleTraits {
+  /// How many stages a device runs: one; exactly two (ZB-V's V); any v >= 1,
+  /// the `virtual_stages` option (interleaved 1F1B's looping placement).
+  enum class StagesPerDevice : uint8_t { One, Two, Any };
+  std::string_view name;
+  StagesPerDevice stages_per_device;
+  /// Stages per device when `virtual_stages` is 0 (unset).
+  int default_virtual_stages;
+  /// Each backward task is split into B and W (Note [Backward split]).
+  bool splits_backward;
+};
+inline constexpr ScheduleTraits kScheduleTraits[] = {
+    {"gpipe", ScheduleTraits::StagesPerDevice::One, 1, false},
+    {"1f1b", ScheduleTraits::StagesPerDevice::One, 1, false},
+    {"1f1b*", ScheduleTraits::StagesPerDevice::One, 1, false},
+    {"interleaved", ScheduleTraits::StagesPerDevice::Any, 2, false},
+    {"zb-h1", ScheduleTraits::StagesPerDevice::One, 1, true},
+    {"zb-v", ScheduleTraits::StagesPerDevice::Two, 2, true},
+};
+static_assert(std::size(kScheduleTraits) == std::size(kPipelineScheduleNames) && [] {
+  for (size_t i = 0; i < std::size(kScheduleTraits); ++i) {
+    if (kScheduleTraits[i].name != kPipelineScheduleNames[i]) return false;
+  }
+  return true;
+}(), "one traits row per schedule name, in the same order");
+
+/// The row of `schedule`, or a row of a schedule of one stage per device
+/// with nothing split for a name the table lacks (callers check the name
+/// with checkOneOf first).
+constexpr ScheduleTraits scheduleTraits(std::string_view schedule) {
+  for (const ScheduleTraits& t : kScheduleTraits) {
+    if (t.name == schedule) return t;
+  }
+  return {schedule, ScheduleTraits::StagesPerDevice::One, 1, false};
+}
+/// Whether the schedule runs more than one stage on a device.
+constexpr bool severalStagesPerDevice(std::string_view schedule) {
+  return scheduleTraits(schedule).stages_per_device != ScheduleTraits::StagesPerDevice::One;
+}
 /// `partition`: balance compute time, balance memory, balance compute time
 /// with the transfer time of every cut (PipeDream's straight-pipeline DP,
 /// no stage replication), MadPipe's memory-aware DP.

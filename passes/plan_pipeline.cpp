@@ -24,18 +24,20 @@ namespace {
 // (Megatron's smallest interleaving) and "zb-v" (its V), 1 otherwise.
 int virtualStages(const PipelinePlanOptions& o) {
   if (o.virtual_stages > 0) return o.virtual_stages;
-  return o.schedule == "interleaved" || o.schedule == "zb-v" ? 2 : 1;
+  return scheduleTraits(o.schedule).default_virtual_stages;
 }
 
 void checkVirtualStages(const PipelinePlanOptions& o) {
   MP_CHECK(o.virtual_stages >= 0, ConfigError,
            "modelpar {}: virtual_stages={} is not valid; it takes an int >= 0 (0: 2 for "
            "schedule='interleaved' and 'zb-v', 1 otherwise)", kPlanPipelineId, o.virtual_stages);
-  MP_CHECK(o.schedule != "zb-v" || o.virtual_stages == 0 || o.virtual_stages == 2, ConfigError,
+  using Stages = ScheduleTraits::StagesPerDevice;
+  const Stages stages = scheduleTraits(o.schedule).stages_per_device;
+  MP_CHECK(stages != Stages::Two || o.virtual_stages == 0 || o.virtual_stages == 2, ConfigError,
            "modelpar {}: virtual_stages={} is not valid with schedule='zb-v', which runs exactly "
            "2 stages per device, placed in a V (Note [ZB-V]); give virtual_stages=2 or leave it "
            "unset", kPlanPipelineId, o.virtual_stages);
-  MP_CHECK(o.virtual_stages <= 1 || o.schedule == "interleaved" || o.schedule == "zb-v", ConfigError,
+  MP_CHECK(o.virtual_stages <= 1 || stages != Stages::One, ConfigError,
            "modelpar {}: virtual_stages={} needs schedule='interleaved', the schedule that runs "
            "several stages per device in turn (got schedule='{}'); give schedule='interleaved' "
            "(or 'zb-v' for 2, placed in a V) or leave virtual_stages unset", kPlanPipelineId,

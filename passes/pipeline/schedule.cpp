@@ -7,6 +7,7 @@
 
 #include "ir/check.h"
 #include "passes/cost/op_family.h"
+#include "passes/option_names.h"
 #include "passes/pipeline/backward_split.h"
 #include "passes/pipeline/relay_skips.h"
 #include "passes/pipeline/schedule_impl.h"
@@ -132,7 +133,7 @@ void applyKind(const PipelineScheduleOptions& o, Pipeline& P) {
   if (o.kind == "interleaved") checkLoopingPlacement(P);
   if (o.kind == "zb-h1") checkOneStagePerDevice(P);
   if (o.kind == "zb-v") checkVPlacement(P);  // Note [ZB-V]
-  P.zero_bubble = o.kind == "zb-h1" || o.kind == "zb-v";
+  P.zero_bubble = scheduleTraits(o.kind).splits_backward;
   P.warmup.assign(static_cast<size_t>(P.n), P.m);
   P.reverse_backward = o.kind == "gpipe";
   if (o.kind == "1f1b" || o.kind == "zb-h1") {

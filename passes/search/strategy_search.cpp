@@ -53,8 +53,10 @@ std::vector<int> searchedVirtualStages(const StrategySearchOptions& o, const std
                                        int layers) {
   const bool named = std::find(o.schedules.begin(), o.schedules.end(), schedule) != o.schedules.end();
   auto fits = [&](int v) { return layers < 0 || int64_t{v} * o.devices <= layers; };
-  if (schedule == "zb-v") return named || fits(2) ? std::vector<int>{2} : std::vector<int>{};
-  if (schedule != "interleaved") return {1};
+  using Stages = ScheduleTraits::StagesPerDevice;
+  const Stages stages = scheduleTraits(schedule).stages_per_device;
+  if (stages == Stages::Two) return named || fits(2) ? std::vector<int>{2} : std::vector<int>{};
+  if (stages == Stages::One) return {1};
   if (!o.virtual_stages.empty()) return o.virtual_stages;
   std::vector<int> vs;
   for (int v : kSearchedVirtualStages) {
@@ -62,11 +64,6 @@ std::vector<int> searchedVirtualStages(const StrategySearchOptions& o, const std
   }
   if (vs.empty() && named) vs.push_back(2);
   return vs;
-}
-
-// Several stages per device: the partition must cut exactly N·v stages.
-bool severalStagesPerDevice(const std::string& schedule) {
-  return schedule == "interleaved" || schedule == "zb-v";
 }
 
 // 1. The candidates in enumeration order (strategy_search.h).
