@@ -29,7 +29,7 @@ def test_calibrates_once_with_a_progress_bar_then_reads_the_cache(cache, capsys)
     err = capsys.readouterr().err
     assert "calibrating this CPU (1 thread)" in err and "17/17" in err
     assert os.path.dirname(path) == str(cache)
-    assert os.path.basename(path).endswith("-t1-v4.json")
+    assert os.path.basename(path).endswith("-t1-v5.json")
     prof = json.loads(open(path).read())
     dev, link = prof["devices"][0], prof["default_link"]
     # A CPU core: far from the default device's 14 TFLOP/s, but not nothing.

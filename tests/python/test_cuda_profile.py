@@ -50,11 +50,11 @@ def test_device_maps_name_gpus() -> None:
 def test_calibrates_once_per_gpu_model_and_marks_shared_gpus(gpus) -> None:
     cache, calls = gpus
     own = cuda_profile.cuda_profile_path("cuda:0,cuda:1")  # a GPU per logical device
-    assert own == str(cache / "cuda-nvidia-h100-80gb-hbm3-v1.json") and calls == [0]
+    assert own == str(cache / "cuda-nvidia-h100-80gb-hbm3-v2.json") and calls == [0]
     assert "host_cores" not in json.loads(open(own).read())
     # Every logical device on one GPU: they share 1 (Note [Logical devices share their GPU]).
     one = cuda_profile.cuda_profile_path("cuda:0")
-    assert one.endswith("-v1-share1.json") and json.loads(open(one).read())["host_cores"] == 1
+    assert one.endswith("-v2-share1.json") and json.loads(open(one).read())["host_cores"] == 1
     # Four logical devices on two GPUs: 2.
     two = cuda_profile.cuda_profile_path("cuda:0,cuda:0,cuda:1,cuda:1")
     assert json.loads(open(two).read())["host_cores"] == 2

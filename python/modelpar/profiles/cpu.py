@@ -16,9 +16,9 @@ charged to the sender), the fixed cost of a step and of each extra worker.
 A progress bar on stderr shows the calibration. The profile is JSON
 (passes/cost/README.md) at ``<cache>/cpu-<cpu model>-t<threads>.json``,
 ``<cache>`` being ``$XDG_CACHE_HOME/modelpar`` or ``~/.cache/modelpar``
-(``-v4`` in the name: the profile's version, so that a profile without a
-term the simulator now uses, or measured on an executor that has changed
-how it hands values over, is calibrated again).
+(``-v5`` in the name: the profile's version, so that a profile without a
+term the simulator now uses, measured on an executor that has changed
+how it hands values over, or measured wrongly, is calibrated again).
 ``MODELPAR_CPU_PROFILE`` overrides: ``off`` plans with passes' default
 device (the test suite sets it, so plans do not depend on the CPU that runs
 the tests); a path uses that profile file.
@@ -50,8 +50,9 @@ __all__ = ["cpu_profile_path", "calibrate_cpu", "cpu_model_name", "machine_for",
            "machine_for_options", "measures_nodes", "sharing", "per_logical_device"]
 
 _ENV = "MODELPAR_CPU_PROFILE"
-_VERSION = 4  # 2: send_overhead_us, worker_overhead_us; 3: waits spin first (hand-off);
-#                4: a sender copies a small value itself
+_VERSION = 5  # 2: send_overhead_us, worker_overhead_us; 3: waits spin first (hand-off);
+#                4: a sender copies a small value itself; 5: profiles calibrated inside a
+#                compiler timed fake tensors (Note [Calibrated on real tensors])
 
 
 def cpu_model_name() -> str:

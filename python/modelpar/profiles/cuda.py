@@ -22,8 +22,8 @@ devices, else 0, every device its own): the simulator then makes a step
 take at least all devices' compute over that many GPUs.
 
 The profile is JSON (passes/cost/README.md) at
-``<cache>/cuda-<gpu name>-v1.json`` (``<cache>`` as for the CPU), the
-sharing variant beside it (``...-v1-share<k>.json``).
+``<cache>/cuda-<gpu name>-v2.json`` (``<cache>`` as for the CPU), the
+sharing variant beside it (``...-v2-share<k>.json``).
 ``MODELPAR_CUDA_PROFILE`` overrides: ``off`` plans with passes' default
 device (the test suite sets it), a path uses that profile file.
 
@@ -49,7 +49,8 @@ from ..errors import ConfigError
 __all__ = ["cuda_profile_path", "calibrate_cuda", "gpus_of"]
 
 _ENV = "MODELPAR_CUDA_PROFILE"
-_VERSION = 1
+_VERSION = 2  # 2: profiles calibrated inside a compiler timed fake tensors
+#                (Note [Calibrated on real tensors])
 
 
 def gpus_of(device_map: str) -> list[int]:
