@@ -284,10 +284,8 @@ def copy_times(target: Target, bar: Progress, *,
 
     times: list[tuple[float, float]] = []
     for _ in range(COPY_ATTEMPTS):
-        best = {n: float("inf") for n in target.copy_sizes}
-        for _ in range(COPY_ROUNDS):
-            for n in target.copy_sizes:
-                best[n] = min(best[n], one(n))
+        best = fastest_in_rounds({n: functools.partial(one, n) for n in target.copy_sizes},
+                                 rounds=COPY_ROUNDS)
         times = [(float(n), best[n]) for n in target.copy_sizes]
         if _grows(times):
             break
