@@ -55,7 +55,7 @@ void checkPipeline(const PipelineOptions& p) {
               p.microbatches, " is not valid; microbatches takes an int >= 1");
   passes::checkOneOf("options", "schedule", p.schedule, passes::kPipelineScheduleNames);
   passes::checkOneOf("options", "partition", p.partition, passes::kPartitionMethodNames);
-  passes::checkOneOf("options", "checkpoint", p.checkpoint, passes::kCheckpointModeNames);
+  passes::checkOneOf("options", "checkpoint", p.checkpoint, passes::kPipelineCheckpointNames);
   passes::checkOneOf("options", "batch_norm", p.batch_norm, passes::kBatchNormModeNames);
   passes::checkOneOf("options", "loss_reduction", p.loss_reduction, passes::kLossReductionNames);
   MP_RT_CHECK(p.virtual_stages >= 0, ConfigError, "modelpar options: pipeline['virtual_stages']=",

@@ -17,7 +17,7 @@ constexpr std::pair<std::string_view, std::string_view> kRenamed[] = {
 
 std::vector<OptionValues> optionValues() {
   return {{"placer", kPlacerNames},          {"schedule", kPipelineScheduleNames},
-          {"partition", kPartitionMethodNames}, {"checkpoint", kCheckpointModeNames},
+          {"partition", kPartitionMethodNames}, {"checkpoint", kPipelineCheckpointNames},
           {"batch_norm", kBatchNormModeNames},  {"loss_reduction", kLossReductionNames},
           {"strategy", kStrategyNames},       {"devices", kDeviceWordNames}};
 }

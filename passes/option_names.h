@@ -77,8 +77,13 @@ constexpr bool severalStagesPerDevice(std::string_view schedule) {
 /// no stage replication), MadPipe's memory-aware DP.
 inline constexpr std::string_view kPartitionMethodNames[] = {"balance-time", "balance-size",
                                                              "balance-time-comm", "madpipe"};
-/// `checkpoint`: torchgpipe's modes.
+/// The checkpoint pass's modes: torchgpipe's.
 inline constexpr std::string_view kCheckpointModeNames[] = {"always", "except_last", "never"};
+/// `checkpoint` of a pipeline: torchgpipe's modes for every layer, or
+/// "per_layer": the fewest layers recomputed that make each device's
+/// simulated peak fit its memory (Note [Recompute per layer]).
+inline constexpr std::string_view kPipelineCheckpointNames[] = {"always", "except_last", "never",
+                                                                "per_layer"};
 /// `batch_norm`: refuse training-mode batch norm, or torchgpipe's DeferredBatchNorm.
 inline constexpr std::string_view kBatchNormModeNames[] = {"refuse", "deferred"};
 /// `loss_reduction`: how micro-batch losses combine.

@@ -15,6 +15,7 @@
 #include "passes/option_names.h"
 #include "passes/pipeline/fuse_accumulation.h"
 #include "passes/pipeline/layer_order.h"
+#include "passes/pipeline/recompute_choice.h"
 #include "passes/pipeline/schedule.h"
 
 namespace modelpar::passes {
@@ -63,7 +64,7 @@ void checkOptions(const PipelinePlanOptions& o) {
            "micro-batches", kPlanPipelineId, o.microbatches, *o.batch_size, *o.batch_size);
   checkOneOf(kPlanPipelineId, "schedule", o.schedule, kPipelineScheduleNames);
   checkOneOf(kPlanPipelineId, "partition", o.partition, kPartitionMethodNames);
-  checkOneOf(kPlanPipelineId, "checkpoint", o.checkpoint, kCheckpointModeNames);
+  checkOneOf(kPlanPipelineId, "checkpoint", o.checkpoint, kPipelineCheckpointNames);
   MP_CHECK(o.partition != "madpipe" || o.schedule == "1f1b*", ConfigError,
            "modelpar {}: partition='madpipe' plans for its own schedule; give schedule='1f1b*' "
            "with it (got '{}')", kPlanPipelineId, o.schedule);
@@ -158,6 +159,16 @@ std::string PipelinePlan::summary() const {
                                        schedule == "zb-v" ? "in a V" : "looping")
                          : std::string(),
       partition.method, checkpoint, portals ? "portals" : "skips relayed stage by stage");
+  if (checkpoint == "per_layer") {
+    std::string names;
+    for (const std::string& l : recomputed_layers) names += (names.empty() ? "" : ", ") + l;
+    out += fmt::format("  recomputed: {} of {} layers{}{}\n", recomputed_layers.size(),
+                       chain.size(),
+                       recomputed_layers.empty() ? " (the step fits without)"
+                       : recompute_every_microbatch ? ", in every micro-batch"
+                                                    : ", in every micro-batch but the last",
+                       names.empty() ? "" : ": " + names);
+  }
   if (numStages() < machine.numDevices()) {
     out += fmt::format(
         "  note: {} devices were asked for and partition {} made {} stages: no cut into more "
@@ -319,8 +330,22 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
   po.microbatches = static_cast<int>(plan.microbatch_sizes.size());
   // Each device's own capacity: the stages on a larger device may hold more
   // (MadPipe plans with the smallest on every device).
+  // Note [The simulated peak decides]. The balance-* cuts do not depend on
+  // memory: their partition's model (partition.h) would only refuse, and it
+  // counts the worst of everything at once (3 copies of the weights, both
+  // cut buffers, every activation a stage keeps), about 2x the simulated
+  // peak of small steps (tests/python/test_memory_limit_sweep.py: the least
+  // limit accepted lay at 1.5-2.5x it). Their plans are held to the
+  // simulated peak alone (runSimulate), which the executor measured equal
+  // on every device tried (bench/memory_measured_vs_simulated.py). 1F1B*
+  // and MadPipe choose their in-flight counts and cuts by the model, so it
+  // keeps their limit.
+  const bool model_decides = o.schedule == "1f1b*" || o.partition == "madpipe";
   std::vector<int64_t> capacity;
-  for (int d = 0; d < o.devices; ++d) capacity.push_back(machine.device(d).memory_bytes);
+  for (int d = 0; d < o.devices; ++d) {
+    capacity.push_back(model_decides ? machine.device(d).memory_bytes
+                                     : std::numeric_limits<int64_t>::max());
+  }
   po.memory_bytes = *std::min_element(capacity.begin(), capacity.end());
   po.device_memory_bytes = capacity;
   const int v = plan.virtual_stages;
@@ -334,6 +359,7 @@ std::map<std::string, int32_t, std::less<>> runPartition(PassRunner& timer, cons
     po.latency_us = machine.link(0, 1).latency_us;
   }
   po.schedule = *parsePipelineSchedule(o.schedule);
+  po.recompute = o.checkpoint != "never";
   po.madpipe_pattern_time_limit_s = o.madpipe_pattern_time_limit_s;
   po.madpipe_pattern_node_limit = o.madpipe_pattern_node_limit;
   plan.partition = timer.run("partition", [&] {
@@ -382,12 +408,10 @@ ir::Graph microbatchStep(PassRunner& timer, const ir::Graph& step, const ir::Gra
   return mb;
 }
 
-// 2b. Checkpointed per stage.
+// 2b. Checkpointed per stage (only the layers in co.layers when given).
 CheckpointResult runCheckpoint(PassRunner& timer, const ir::Graph& mb,
                                const std::map<std::string, int32_t, std::less<>>& stage_of,
-                               const PipelinePlanOptions& o) {
-  CheckpointOptions co;
-  co.mode = parseCheckpointMode(o.checkpoint);
+                               const CheckpointOptions& co) {
   CheckpointResult ck =
       timer.run("checkpoint", [&] { return checkpoint(mb, stagesOfNodes(mb, stage_of), co); });
   timer.last().detail = fmt::format("{} recompute groups", ck.groups.size());
@@ -395,10 +419,9 @@ CheckpointResult runCheckpoint(PassRunner& timer, const ir::Graph& mb,
   return ck;
 }
 
-// 2c. Scheduled and lowered: MadPipe's periodic pattern where it has one
-//     and the graph agrees, else the schedule's clock.
-PipelineProgram runSchedule(PassRunner& timer, const CheckpointResult& ck, const PipelinePlan& plan,
-                            const PipelinePlanOptions& o) {
+// The schedule pass's options for a checkpointed graph.
+PipelineScheduleOptions scheduleOptions(const CheckpointResult& ck, const PipelinePlan& plan,
+                                        const PipelinePlanOptions& o) {
   PipelineScheduleOptions so;
   so.kind = o.schedule;
   so.stage_of_node = ck.stage_of_node;
@@ -411,19 +434,32 @@ PipelineProgram runSchedule(PassRunner& timer, const CheckpointResult& ck, const
                               pat.bwd_shift};
   }
   so.relay_skips = !o.portals;
-  bool patterned = so.pattern.has_value();
-  PipelineProgram pp = timer.run("schedule", [&] {
-    try {
-      return lowerPipeline(ck.graph, so);
-    } catch (const ConfigError&) {
-      if (!so.pattern) throw;
-      // The pattern was computed on the chain; a graph edge it does not
-      // model may contradict it: the clock's 1F1B* order then.
-      so.pattern.reset();
-      patterned = false;
-      return lowerPipeline(ck.graph, so);
-    }
-  });
+  return so;
+}
+
+// Scheduled and lowered: MadPipe's periodic pattern where it has one and
+// the graph agrees, else the schedule's clock. `patterned` says which.
+PipelineProgram lowerScheduled(const CheckpointResult& ck, const PipelinePlan& plan,
+                               const PipelinePlanOptions& o, bool& patterned) {
+  PipelineScheduleOptions so = scheduleOptions(ck, plan, o);
+  patterned = so.pattern.has_value();
+  try {
+    return lowerPipeline(ck.graph, so);
+  } catch (const ConfigError&) {
+    if (!so.pattern) throw;
+    // The pattern was computed on the chain; a graph edge it does not
+    // model may contradict it: the clock's 1F1B* order then.
+    so.pattern.reset();
+    patterned = false;
+    return lowerPipeline(ck.graph, so);
+  }
+}
+
+// 2c. Scheduled and lowered (lowerScheduled), timed and verified.
+PipelineProgram runSchedule(PassRunner& timer, const CheckpointResult& ck, const PipelinePlan& plan,
+                            const PipelinePlanOptions& o) {
+  bool patterned = false;
+  PipelineProgram pp = timer.run("schedule", [&] { return lowerScheduled(ck, plan, o, patterned); });
   timer.last().detail = fmt::format("{} devices{}", pp.program.numDevices(),
                                     patterned ? ", MadPipe's periodic pattern" : "");
   timer.verifyProgram(pp.program);
@@ -443,11 +479,58 @@ SimulationReport runSimulate(PassRunner& timer, PipelineProgram& pp, const Devic
     int64_t peak = sim.devices[d].peak_bytes;
     MP_CHECK(peak <= cap, PlanDoesNotFitError,
              "modelpar {}: the pipelined step does not fit device {}: its simulated peak memory "
-             "is {} ({} bytes) but the device has {} ({} bytes); use more micro-batches, "
-             "checkpoint='always', more devices, or more memory",
-             kPlanPipelineId, d, formatBytes(peak), peak, formatBytes(cap), cap);
+             "is {} ({} bytes) but the device has {} ({} bytes); use more micro-batches, {}"
+             "checkpoint='per_layer' or 'always', more devices, or more memory",
+             kPlanPipelineId, d, formatBytes(peak), peak, formatBytes(cap), cap,
+             o.schedule == "interleaved" ? "fewer virtual stages, " : "");
   }
   return sim;
+}
+
+// 2b'. What the checkpoint pass runs with: the option's mode for every
+//      layer, or per_layer's choice (Note [Recompute per layer],
+//      recompute_choice.cpp; plan.recomputed_layers set).
+CheckpointOptions runRecomputeChoice(PassRunner& timer, const ir::Graph& mb,
+                                     const std::map<std::string, int32_t, std::less<>>& stage_of,
+                                     const DeviceModel& machine, PipelinePlan& plan,
+                                     const PipelinePlanOptions& o) {
+  CheckpointOptions co;
+  if (o.checkpoint != "per_layer") {
+    co.mode = parseCheckpointMode(o.checkpoint);
+    return co;
+  }
+  std::vector<RecomputeLayer> layers;
+  for (int l = 0; l < plan.chain.size(); ++l) {
+    const int s = plan.stage_of_layer[static_cast<size_t>(l)];
+    const std::vector<int>& kept = plan.partition.stage_activations;
+    layers.push_back({plan.chain.layers[static_cast<size_t>(l)].name,
+                      plan.partition.stage_device[static_cast<size_t>(s)],
+                      kept.empty() ? static_cast<int>(plan.microbatch_sizes.size())
+                                   : kept[static_cast<size_t>(s)]});
+  }
+  std::vector<int64_t> capacity;
+  for (int d = 0; d < machine.numDevices(); ++d) capacity.push_back(machine.device(d).memory_bytes);
+  const std::vector<int32_t> stages = stagesOfNodes(mb, stage_of);
+  auto trial = [&](const CheckpointOptions& options) {
+    CheckpointResult ck = checkpoint(mb, stages, options);
+    bool patterned = false;
+    PipelineProgram pp = lowerScheduled(ck, plan, o, patterned);
+    std::vector<int64_t> peaks;
+    for (const DeviceReport& d : simulate(pp.program, machine, SimulateOptions{}).devices) {
+      peaks.push_back(d.peak_bytes);
+    }
+    return peaks;
+  };
+  RecomputeChoice choice = timer.run("recompute-search", [&] {
+    return chooseRecomputedLayers(mb, stages, layers, capacity, o.schedule == "gpipe", trial);
+  });
+  plan.recomputed_layers = choice.layers;
+  plan.recompute_every_microbatch = choice.options.mode == CheckpointMode::Always;
+  timer.last().detail = fmt::format("{} of {} layers recomputed{}, {} simulations",
+                                    plan.recomputed_layers.size(), plan.chain.size(),
+                                    plan.recompute_every_microbatch ? " in every micro-batch" : "",
+                                    choice.trials);
+  return choice.options;
 }
 
 }  // namespace
@@ -468,13 +551,14 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   plan.checkpoint = o.checkpoint;
   plan.portals = o.portals;
   plan.microbatch_sizes = microbatchSizes(*o.batch_size, o.microbatches);
-  PassRunner timer(kPlanPipelineId, step.name(), 11, o);
+  PassRunner timer(kPlanPipelineId, step.name(), o.checkpoint == "per_layer" ? 12 : 11, o);
 
   LayerOrder order = runLayerOrder(timer, step);
   plan.chain = chainOfOneMicrobatch(timer, step, order, machine, plan, o);
   const auto stage_of = runPartition(timer, machine, plan, o);
   ir::Graph mb = microbatchStep(timer, step, order.graph, machine, plan, o);
-  CheckpointResult ck = runCheckpoint(timer, mb, stage_of, o);
+  const CheckpointOptions co = runRecomputeChoice(timer, mb, stage_of, machine, plan, o);
+  CheckpointResult ck = runCheckpoint(timer, mb, stage_of, co);
   PipelineProgram pp = runSchedule(timer, ck, plan, o);
   plan.simulation = runSimulate(timer, pp, machine, o);
   plan.stage_of_node = std::move(pp.stage_of_node);

@@ -14,7 +14,10 @@
 // interleaved 1F1B over devices x virtual_stages stages placed looping,
 // ZB-H1 with each backward split into B and W, or ZB-V over devices x 2
 // stages placed in a V, backwards split likewise) and
-// lowers them to a Program with explicit sends per micro-batch. Values that
+// lowers them to a Program with explicit sends per micro-batch. With
+// checkpoint='per_layer' the layers to recompute are chosen first, the fewest
+// that make every device's simulated peak fit its memory (Note [Recompute
+// per layer]). Values that
 // cross several stages go straight from producer to reader (portals) unless
 // `portals` is off (relayed stage by stage).
 //
@@ -76,7 +79,7 @@ struct PipelinePlanOptions : PassRunnerOptions {
   /// s < devices and 2·devices-1-s after: Note [ZB-V]).
   int virtual_stages = 0;
   std::string partition = "balance-time"; ///< one of kPartitionMethodNames
-  std::string checkpoint = "except_last"; ///< one of kCheckpointModeNames
+  std::string checkpoint = "except_last"; ///< one of kPipelineCheckpointNames
   /// Skip values go straight to their readers (true) or are relayed through
   /// every stage between (false, torchgpipe without portals).
   bool portals = true;
@@ -116,6 +119,11 @@ struct PipelinePlan {
   std::vector<int32_t> stage_of_layer;
   std::vector<int64_t> microbatch_sizes;
   std::string schedule, checkpoint;
+  /// checkpoint='per_layer': the layers recomputed (chain order; Note
+  /// [Recompute per layer]), in every micro-batch when
+  /// recompute_every_microbatch, else in all but the last.
+  std::vector<std::string> recomputed_layers;
+  bool recompute_every_microbatch = false;
   /// Stages per device (PipelinePlanOptions::virtual_stages resolved): v.
   int virtual_stages = 1;
   bool portals = true;

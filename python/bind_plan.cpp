@@ -442,9 +442,11 @@ void bindPipeline(py::module_& m) {
       "passes::microbatch; see modelpar.microbatch.");
   m.def(
       "checkpoint",
-      [](const ir::Graph& g, const std::vector<int32_t>& stage_of_node, const std::string& mode) {
+      [](const ir::Graph& g, const std::vector<int32_t>& stage_of_node, const std::string& mode,
+         const std::optional<std::vector<std::string>>& layers) {
         passes::CheckpointOptions o;
         o.mode = passes::parseCheckpointMode(mode);
+        if (layers) o.layers.emplace(layers->begin(), layers->end());
         passes::CheckpointResult r = passes::checkpoint(g, stage_of_node, o);
         py::list groups;
         for (const passes::RecomputeGroup& grp : r.groups) {
@@ -454,7 +456,7 @@ void bindPipeline(py::module_& m) {
         }
         return py::make_tuple(std::move(r.graph), std::move(r.stage_of_node), groups);
       },
-      py::arg("graph"), py::arg("stage_of_node"), py::arg("mode"),
+      py::arg("graph"), py::arg("stage_of_node"), py::arg("mode"), py::arg("layers") = py::none(),
       "passes::checkpoint -> (graph, stage_of_node, [(stage, mb, [node names])]); see "
       "modelpar.checkpoint.");
   py::class_<passes::PipelinePlan>(
@@ -489,6 +491,16 @@ void bindPipeline(py::module_& m) {
           "Stages per device: v of interleaved 1F1B (stage s on device s % devices), else 1.")
       .def_property_readonly("partition_method",
                              [](const passes::PipelinePlan& p) { return p.partition.method; })
+      .def_property_readonly("checkpoint", [](const passes::PipelinePlan& p) { return p.checkpoint; })
+      .def_property_readonly(
+          "recomputed_layers", [](const passes::PipelinePlan& p) { return p.recomputed_layers; },
+          "checkpoint='per_layer': the layers whose forwards are recomputed, in chain order "
+          "(Note [Recompute per layer]); empty for the other modes.")
+      .def_property_readonly(
+          "recompute_every_microbatch",
+          [](const passes::PipelinePlan& p) { return p.recompute_every_microbatch; },
+          "checkpoint='per_layer': the recomputed layers are recomputed in every micro-batch "
+          "(False: in all but the last, as except_last).")
       .def_property_readonly("microbatch_sizes",
                              [](const passes::PipelinePlan& p) { return p.microbatch_sizes; })
       .def_property_readonly(

@@ -102,10 +102,14 @@ std::vector<char> recomputeCandidates(const ir::Graph& g, const CheckpointOption
     }
     return false;
   };
+  auto chosenLayer = [&](const ir::Node& nd) {
+    return !options.layers || options.layers->count(nd.layer) > 0;
+  };
   std::vector<char> candidate(g.numNodes(), 0);
   for (size_t n = 0; n < g.numNodes(); ++n) {
     const ir::Node& nd = g.nodes()[n];
     candidate[n] = nd.phase == Phase::Forward && nd.microbatch && checkpointed(*nd.microbatch) &&
+                   chosenLayer(nd) &&
                    !nd.outputs.empty() && !ir::isRandom(nd) && !isInPlaceOp(nd.op) &&
                    !touchesMutated(nd);
   }

@@ -29,6 +29,13 @@
 // forward is the last thing the stage ran, so recomputing it frees nothing
 // — torchgpipe's default, seed 002 §2.1), `never` (graph unchanged).
 //
+// Per layer (CheckpointOptions::layers): only the forward nodes of the
+// named layers are recomputed; a recomputed node reads the stored values of
+// layers left out, as it reads the stage's inputs (a layer's input is what
+// it keeps, torch.utils.checkpoint's rule). planPipeline's
+// checkpoint='per_layer' chooses the set under a memory limit (Note
+// [Recompute per layer], plan_pipeline.cpp).
+//
 // Preconditions: nodes carry phase and mb (a `microbatch` result), one stage
 // per node (checked: ConfigError); a micro-batch's forward nodes come before
 // its backward nodes in graph order (InvalidIrError otherwise).
@@ -45,6 +52,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -62,6 +72,9 @@ std::string_view name(CheckpointMode m);
 
 struct CheckpointOptions {
   CheckpointMode mode = CheckpointMode::ExceptLast;
+  /// Only these layers are recomputed (by `layer` attribute), in the
+  /// micro-batches `mode` checkpoints; unset: every layer.
+  std::optional<std::set<std::string, std::less<>>> layers;
 };
 
 /// The recompute nodes of one (stage, micro-batch), in graph order: what a

@@ -210,7 +210,7 @@ std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int mic
 }
 
 std::vector<int64_t> stageMemory(const LayerChain& chain, std::span<const int> stage_begin,
-                                 std::span<const int> activations) {
+                                 std::span<const int> activations, bool recompute) {
   const int L = chain.size(), S = static_cast<int>(stage_begin.size());
   MP_CHECK(activations.size() == stage_begin.size(), ConfigError,
            "modelpar partition: {} stages but {} activation counts", S, activations.size());
@@ -224,7 +224,12 @@ std::vector<int64_t> stageMemory(const LayerChain& chain, std::span<const int> s
       w += static_cast<double>(chain.layers[idx(i)].weight_bytes);
       a += chain.layers[idx(i)].stored_bytes;
     }
-    int64_t m = static_cast<int64_t>(std::ceil(w * chain.weight_copies)) + activations[idx(s)] * a;
+    // Recomputed (Note [Partition memory with recomputation]): every
+    // micro-batch in flight but one keeps only the stage's input.
+    const int g = activations[idx(s)];
+    const int64_t input = k > 0 ? chain.layers[idx(k) - 1].out_bytes : 0;
+    const int64_t held = recompute && g > 1 ? (g - 1) * std::min(input, a) + a : g * a;
+    int64_t m = static_cast<int64_t>(std::ceil(w * chain.weight_copies)) + held;
     if (k > 0) m += 2 * chain.layers[idx(k) - 1].out_bytes;
     if (l < L) m += 2 * chain.layers[idx(l) - 1].out_bytes;
     mem[idx(s)] = m;
@@ -269,7 +274,7 @@ StagePartition evaluatePartition(const LayerChain& chain, std::vector<int> stage
   for (double c : cut_us) p.load_period_us = std::max(p.load_period_us, c);
 
   auto deviceMemory = [&](const std::vector<int>& acts) {
-    std::vector<int64_t> per_stage = stageMemory(chain, p.stage_begin, acts);
+    std::vector<int64_t> per_stage = stageMemory(chain, p.stage_begin, acts, o.recompute);
     std::vector<int64_t> dev(idx(o.devices), 0);
     for (int s = 0; s < S; ++s) dev[idx(p.stage_device[idx(s)])] += per_stage[idx(s)];
     return dev;

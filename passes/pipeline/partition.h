@@ -34,6 +34,18 @@
 //     ZB-H1 min(m, S - s), as 1F1B (a lower bound: Note [ZB-H1]);
 //     ZB-V min(m, S - s) for stage s of S = 2p (its forwards before the
 //     first backward, Note [ZB-V]).
+// With recomputation (PartitionOptions::recompute; checkpoint 'always',
+// 'except_last' or 'per_layer'), g x a_store becomes
+//     (g-1) x min(a_out[k-1], a_store(k..l)) + a_store(k..l)
+// Note [Partition memory with recomputation]: a checkpointed micro-batch
+// keeps the stage's input until its backward and recomputes the rest; the
+// one in its backward holds all of it. This is the least a checkpoint mode
+// can keep (per_layer recomputes only some layers, chosen afterwards on the
+// simulated peaks); the simulated peak of the lowered program is what a
+// plan is held to, so the model only has to not refuse plans that fit.
+// (Measured before it, tests/python/test_memory_limit_sweep.py: the least
+// limit accepted lay at 1.5-2.5x the largest simulated peak.) Random ops'
+// masks, which stay stored, are not counted.
 // A device's memory is the sum over its stages. Capping g at m reflects a
 // pipeline flushed every m micro-batches; a large m gives the paper's stream.
 //
@@ -93,6 +105,10 @@ struct PartitionOptions {
   /// Schedule whose memory the plans of balance-* are counted
   /// with (MadPipe plans always use 1F1B*).
   PipelineSchedule schedule = PipelineSchedule::OneFOneBStar;
+  /// The balance-* plans are counted as checkpointed: a stage keeps only
+  /// its input for each micro-batch in flight but one (Note [Partition
+  /// memory with recomputation]). MadPipe's DP does not recompute.
+  bool recompute = false;
   /// MadPipe: most binary-search steps on T^ (Algorithm 1's K; the paper
   /// uses 10); the search also stops when its bounds are within 0.1 %.
   int madpipe_iterations = 20;
@@ -172,9 +188,11 @@ std::vector<int> oneFOneBStarGroups(std::span<const double> stage_us,
 std::vector<int> activationsInFlight(PipelineSchedule s, int num_stages, int microbatches,
                                      std::span<const int> groups = {});
 
-/// Memory of each stage keeping activations[s] micro-batches (file comment).
+/// Memory of each stage keeping activations[s] micro-batches (file comment);
+/// with `recompute`, all of them but one keep only the stage's input
+/// (Note [Partition memory with recomputation]).
 std::vector<int64_t> stageMemory(const LayerChain& chain, std::span<const int> stage_begin,
-                                 std::span<const int> activations);
+                                 std::span<const int> activations, bool recompute = false);
 
 /// Loads, period and memory of a given partition under o.schedule (1F1B*:
 /// the smallest period >= the load period at which memory fits, found

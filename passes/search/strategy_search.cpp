@@ -89,7 +89,7 @@ std::vector<StrategyCandidate> enumerate(const StrategySearchOptions& o, int64_t
              kStrategySearchId, m, batch, batch);
   }
   const auto partitions = orAll(o.partitions, kPartitionMethodNames, "partition");
-  const auto checkpoints = orAll(o.checkpoints, kCheckpointModeNames, "checkpoint");
+  const auto checkpoints = orAll(o.checkpoints, kPipelineCheckpointNames, "checkpoint");
   for (int v : o.virtual_stages) {
     MP_CHECK(v >= 2 && v <= kMaxDevices / o.devices, ConfigError,
              "modelpar {}: virtual_stages={} is not valid on {} devices; give stages per device "
@@ -381,6 +381,17 @@ void planCandidate(const ir::Graph& step, StrategyCandidate& c, const StrategySe
   c.plan_seconds = secondsSince(c0);
 }
 
+// Whether the pipeline like c but with checkpoint='never' was planned and
+// fits: c (per_layer, Note [Recompute per layer]) would then be that plan.
+// Both have the same bound and never comes first, so it was tried before.
+bool neverFits(const std::vector<StrategyCandidate>& all, const StrategyCandidate& c) {
+  return std::any_of(all.begin(), all.end(), [&](const StrategyCandidate& x) {
+    return x.kind == "pipeline" && x.checkpoint == "never" && x.schedule == c.schedule &&
+           x.virtual_stages == c.virtual_stages && x.microbatches == c.microbatches &&
+           x.partition == c.partition && x.status == CandidateStatus::Ok;
+  });
+}
+
 // 3. Plan and simulate in order of bound; stop when the bound cannot win.
 void planInBoundOrder(const ir::Graph& step, const StrategySearchOptions& o,
                       const PlacementOptions& base, const DeviceModel& machine, int64_t batch,
@@ -400,6 +411,11 @@ void planInBoundOrder(const ir::Graph& step, const StrategySearchOptions& o,
     if (o.prune && !beatsBest(c.lower_bound_us, static_cast<int>(i), best, result.chosen)) {
       c.reason = fmt::format("bound {} cannot beat best {}", formatMicros(c.lower_bound_us),
                              formatMicros(best));
+      continue;
+    }
+    if (o.prune && c.checkpoint == "per_layer" && neverFits(result.candidates, c)) {
+      c.status = CandidateStatus::Pruned;
+      c.reason = "checkpoint='never' fits, and per_layer then recomputes nothing";
       continue;
     }
     std::optional<PlacementPlan> placement;

@@ -10,7 +10,10 @@
 //                (interleaved 1F1B only: Note [Schedules in the search]) x
 //                micro-batch count m in {N, 2N, 4N, ...} (m <= B) x
 //                partition method x checkpoint mode (MadPipe's partition
-//                only with 1F1B*, the schedule it is made for); only with
+//                only with 1F1B*, the schedule it is made for; per_layer,
+//                Note [Recompute per layer], planned only where the same
+//                pipeline with checkpoint='never' does not fit, since it is
+//                that plan otherwise: pruned with that reason); only with
 //                N >= 2.
 // Each is planned and simulated; a candidate over its devices' memory
 // (PlanDoesNotFitError) or whose plan fails (a deadlocked or invalid

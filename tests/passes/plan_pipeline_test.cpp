@@ -16,6 +16,7 @@
 
 #include "ir/error.h"
 #include "ir/parser.h"
+#include "ir/printer.h"
 #include "ir/verifier.h"
 #include "tests/support/expect_error.h"
 #include "tests/support/read_file.h"
@@ -221,39 +222,86 @@ TEST(PlanPipeline, StaticBatchAndTooLittleMemoryAreClearErrors) {
   auto o = options("1f1b", "never");
   o.memory_bytes = {4096};
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
-             "of 4.0 KiB under 1f1b");
+             "but the device has 4.0 KiB (4096 bytes)");
+  o.schedule = "1f1b*";  // the partition's model chooses 1F1B*'s in-flight counts, and refuses
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
+             "of 4.0 KiB under 1f1b*");
 }
 
-// A memory limit per device is checked per device: the stages' estimate on
-// each device against that device's own capacity (before, every device was
-// held to the smallest: a plan that fitted its devices was refused). Looping
-// (interleaved) and V placements count theirs per device too. (zb-h1 is
-// left out: its estimate counts 1F1B's activations, under what its deferred
-// W's hold on the last device, so there the simulated peak refuses a limit
-// equal to the estimate: Note [ZB-H1].)
+// A memory limit per device is checked per device: each device's simulated
+// peak against that device's own capacity (before, every device was held to
+// the smallest: a plan that fitted its devices was refused). Looping
+// (interleaved), V placements and zb-h1 count theirs per device too. The
+// limit is what the simulated peak needs, not the partition's estimate
+// (Note [The simulated peak decides]).
 TEST(PlanPipeline, PerDeviceMemoryLimitsAreEachDevicesOwn) {
   ir::Graph step = readExample("skip_step_symbolic.txt");
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-v"}) {
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-v"}) {
     SCOPED_TRACE(schedule);
     const int devices = std::string(schedule) == "interleaved" || std::string(schedule) == "zb-v" ? 2 : 4;
     auto o = options(schedule, "never", true, devices, 4);
     const PipelinePlan free = planPipeline(step, o);
-    const std::vector<int64_t> need = free.partition.memory_bytes;
+    std::vector<int64_t> need;
+    for (const DeviceReport& d : free.simulation.devices) need.push_back(d.peak_bytes);
     ASSERT_EQ(need.size(), static_cast<size_t>(devices));
     ASSERT_NE(*std::min_element(need.begin(), need.end()), *std::max_element(need.begin(), need.end()));
-    o.memory_bytes = need;  // each device exactly its stages' estimate
+    const auto most = static_cast<size_t>(std::max_element(need.begin(), need.end()) - need.begin());
+    o.memory_bytes = need;  // each device exactly its simulated peak
     PipelinePlan fits;
     ASSERT_NO_THROW(fits = planPipeline(step, o));
     EXPECT_EQ(fits.partition.stage_begin, free.partition.stage_begin);
     for (size_t d = 0; d < need.size(); ++d) {
-      EXPECT_LE(fits.simulation.devices[d].peak_bytes, need[d]) << "device " << d;
+      EXPECT_EQ(fits.simulation.devices[d].peak_bytes, need[d]) << "device " << d;
     }
     // One byte short on the device that needs the most: refused, naming it.
-    const auto most = static_cast<size_t>(std::max_element(need.begin(), need.end()) - need.begin());
     o.memory_bytes[most] -= 1;
     EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
-               fmt::format("on device {} of ", most));
+               fmt::format("does not fit device {}: its simulated peak memory", most));
   }
+}
+
+// checkpoint='per_layer' (Note [Recompute per layer]): 1F1B on 2 devices,
+// batch 64 in 4 micro-batches, limited to what checkpoint='always' needs.
+// except_last does not fit there; per_layer recomputes some layers, not all,
+// fits every device, and its step is shorter than always's (which
+// recomputes every layer's forward). With no limit it recomputes nothing
+// and is the never plan; below always's peak it is refused, naming itself.
+TEST(PlanPipeline, PerLayerRecomputesTheFewestLayersThatFitTheLimit) {
+  ir::Graph step = readExample("skip_step_symbolic.txt");
+  auto o = options("1f1b", "never", true, 2, 4);
+  o.batch_size = 64;
+  const PipelinePlan never = planPipeline(step, o);
+  o.checkpoint = "always";
+  const PipelinePlan always = planPipeline(step, o);
+  int64_t limit = 0;
+  for (const DeviceReport& d : always.simulation.devices) limit = std::max(limit, d.peak_bytes);
+  int64_t never_peak = 0;
+  for (const DeviceReport& d : never.simulation.devices) never_peak = std::max(never_peak, d.peak_bytes);
+  ASSERT_LT(limit, never_peak);  // the limit binds
+  o.memory_bytes = {limit};
+  o.checkpoint = "except_last";
+  EXPECT_THROW(planPipeline(step, o), PlanDoesNotFitError);
+
+  o.checkpoint = "per_layer";
+  const PipelinePlan chosen = planPipeline(step, o);
+  for (const DeviceReport& d : chosen.simulation.devices) EXPECT_LE(d.peak_bytes, limit);
+  EXPECT_FALSE(chosen.recomputed_layers.empty());
+  EXPECT_LT(chosen.recomputed_layers.size(), static_cast<size_t>(chosen.chain.size()));
+  EXPECT_LT(chosen.stepTimeUs(), always.stepTimeUs());
+  EXPECT_HAS(chosen.summary(), fmt::format("recomputed: {} of {} layers", chosen.recomputed_layers.size(),
+                                           chosen.chain.size()));
+
+  // No limit that binds: nothing recomputed, the never plan.
+  o.memory_bytes.clear();
+  const PipelinePlan free = planPipeline(step, o);
+  EXPECT_TRUE(free.recomputed_layers.empty());
+  EXPECT_EQ(ir::print(free.program), ir::print(never.program));
+  EXPECT_HAS(free.summary(), "recomputed: 0 of");
+
+  // Below always's peak: refused, saying per_layer recomputed everything.
+  o.memory_bytes = {limit - 1};
+  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
+             "with checkpoint='per_layer' even with every layer of its stages recomputed");
 }
 
 // Interleaved 1F1B: the 5-layer chain cut into devices x v = 2 x 2 stages,
@@ -321,13 +369,13 @@ TEST(PlanPipeline, VirtualStagesErrorsNameTheOptionAndTheWayOut) {
   EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
              "partition='balance-time-comm' cut the 5 layers into 1 stage, not the devices=2 x "
              "virtual_stages=2 = 4 that schedule 'interleaved' places looping");
-  // The looped stages' memory is counted per device.
+  // The looped stages' memory is each device's simulated peak, and the way
+  // out names fewer virtual stages.
   o = options("interleaved", "never", true, 2, 4);
   o.memory_bytes = {4096};
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
-             "stages placed looping over 2 devices needs");
-  EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
-             "of 4.0 KiB under interleaved with virtual_stages=2; use fewer virtual stages");
+             "does not fit device 0: its simulated peak memory is 18.2 KiB (18688 bytes) but the "
+             "device has 4.0 KiB (4096 bytes); use more micro-batches, fewer virtual stages,");
 }
 
 // planPipeline runs its passes through the same runner as planPlacement:
@@ -479,11 +527,11 @@ TEST(PlanPipeline, ZeroBubbleVRefusesOtherVirtualStagesAndTooFewLayers) {
   EXPECT_HAS(messageOf<ConfigError>([&] { planPipeline(step, o); }),
              "graph @skip_step has 5 layers, so it cannot be cut into devices=4 x "
              "virtual_stages=2 = 8 stages for schedule 'zb-v'; use fewer devices");
-  // The V's memory is counted per device.
+  // The V's memory is each device's simulated peak.
   o = options("zb-v", "never", true, 2, 4);
   o.memory_bytes = {4096};
   EXPECT_HAS(messageOf<PlanDoesNotFitError>([&] { planPipeline(step, o); }),
-             "stages placed in a V over 2 devices needs");
+             "does not fit device 0: its simulated peak memory is 8.7 KiB (8932 bytes)");
 }
 
 }  // namespace

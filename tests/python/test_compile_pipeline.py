@@ -161,6 +161,24 @@ def test_zb_h1_with_the_loss_compiled_in_equals_eager(devices: int) -> None:
     assert plan.pipeline.num_stages == devices
 
 
+def test_per_layer_recompute_fits_a_binding_limit_and_equals_eager() -> None:
+    """checkpoint='per_layer' (Note [Recompute per layer]): with no limit it
+    recomputes nothing; at a limit between always's peak and never's it
+    recomputes some of GPT's layers, not all, every device's simulated peak
+    fits, and the loss and every gradient equal eager."""
+    free = _loss_inside("gpt", 2, [8], schedule="1f1b", checkpoint="per_layer")
+    assert free.pipeline.recomputed_layers == []
+    never_peak = max(free.pipeline.peak_bytes)
+    always_peak = max(_loss_inside("gpt", 2, [8], schedule="1f1b", checkpoint="always").pipeline.peak_bytes)
+    assert always_peak < never_peak
+    limit = (always_peak + never_peak) // 2
+    plan = _loss_inside("gpt", 2, [8], schedule="1f1b", checkpoint="per_layer",
+                        options={"memory": limit}).pipeline
+    assert 0 < len(plan.recomputed_layers) < len(plan.stage_of_layer), plan.recomputed_layers
+    assert max(plan.peak_bytes) <= limit
+    assert "recomputed: " in str(plan)
+
+
 @pytest.mark.parametrize("name", ["gpt", "unet"])
 def test_relayed_skips_over_three_stages_equal_eager(name: str) -> None:
     # portals=False forwards what skips a stage through the stages between

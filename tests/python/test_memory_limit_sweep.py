@@ -4,7 +4,7 @@ Random pipelined steps (test_fuzz_plans.py's random layer chains with
 skips, or examples/ir/skip_step_symbolic.txt; small batches or large) x
 every pipeline schedule (gpipe, 1f1b, 1f1b*, interleaved with 2 or 3 virtual
 stages, zb-h1, zb-v; random partition, portals, micro-batches) x checkpoint
-mode x a memory limit: one for every device or one each, a factor between
+mode (per_layer included: Note [Recompute per layer]) x a memory limit: one for every device or one each, a factor between
 0.3x and 3x of the unconstrained plan's simulated peak (Note [The memory
 sweep's range]), or the least one limit that plan_pipeline accepts (found by
 bisection, so that a plan's peak may sit at its limit). Per configuration:
@@ -50,19 +50,21 @@ from test_fuzz_plans import chain_inputs, random_chain
 ROOT = Path(__file__).resolve().parents[2]
 SKIP_STEP = ROOT / "examples/ir/skip_step_symbolic.txt"
 SCHEDULES = ("gpipe", "1f1b", "1f1b*", "interleaved", "zb-h1", "zb-v")
-CHECKPOINTS = ("always", "except_last", "never")
+CHECKPOINTS = ("always", "except_last", "never", "per_layer")
 SALT = 3_000_000
 # Note [The memory sweep's range]
 # The limit per device is a factor in [LOW, HIGH] of the unconstrained plan's
-# simulated peak on it. Not only 0.3-1.2: the partitioners' memory model
-# (stageMemory in passes/pipeline/partition.cpp) counts each stage's weights
+# simulated peak on it. Not only 0.3-1.2: 1F1B* and MadPipe plans are
+# still held to the partitioners' memory model (stageMemory in
+# passes/pipeline/partition.cpp), which counts each stage's weights
 # weight_copies = 3 times (MadPipe's two versions and a gradient) plus the
 # activations of every micro-batch it may hold, about twice the simulated
-# peak of these small steps, whose weights weigh as much as their
-# activations; below that every plan is refused by the partition, before the
-# simulation (a conservative refusal, typed, before launch). Up to 3x, about
-# half the draws get a plan, some of them at a limit near the simulated
-# peak, where a meter above the simulation would show.
+# peak of these small steps; below that they are refused by the partition,
+# before the simulation (a conservative refusal, typed, before launch). The
+# other schedules are held to the simulated peak alone (Note [The simulated
+# peak decides], plan_pipeline.cpp). Up to 3x, about half the draws get a
+# plan, some of them at a limit near the simulated peak, where a meter above
+# the simulation would show.
 LOW, HIGH = 0.3, 3.0
 
 COUNT = int(os.environ.get("MODELPAR_MEMORY_SWEEP", "60"))

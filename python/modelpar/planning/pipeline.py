@@ -17,7 +17,7 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple, Union
+from typing import NamedTuple, Optional, Union
 
 from .. import _C
 from ..errors import ConfigError
@@ -102,7 +102,8 @@ class CheckpointResult(NamedTuple):
 
 
 def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
-               mode: str = "except_last") -> CheckpointResult:
+               mode: str = "except_last",
+               layers: Optional[Sequence[str]] = None) -> CheckpointResult:
     """Checkpointing of a micro-batched graph (passes/pipeline/checkpoint.h): for each
     checkpointed (stage, micro-batch), the forward nodes whose results its
     backward reads are recomputed (``phase=recompute``) from the stage's
@@ -115,6 +116,9 @@ def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
             layer -> stage (every node's layer must be in it).
         mode: "always", "except_last" (every micro-batch but the last,
             torchgpipe's default) or "never".
+        layers: only these layers' forwards are recomputed (in the
+            micro-batches ``mode`` checkpoints); values of the other layers
+            stay stored and the copies read them. None: every layer.
 
     Raises:
         ConfigError: a bad mode or stage list, a layer missing from ``stages``.
@@ -129,7 +133,8 @@ def checkpoint(graph: Graph, stages: Union[Sequence[int], Mapping[str, int]],
             per_node.append(int(stages[layer]))
     else:
         per_node = [int(s) for s in stages]
-    g, stage_of_node, groups = _C.checkpoint(graph, per_node, mode)
+    g, stage_of_node, groups = _C.checkpoint(
+        graph, per_node, mode, None if layers is None else [str(x) for x in layers])
     return CheckpointResult(g, stage_of_node, groups)
 
 
@@ -173,7 +178,11 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
             stages per device placed in a V: stage s on device s for s <
             devices, 2·devices-1-s after).
         partition: ``"balance-time"``, ``"balance-size"``, ``"balance-time-comm"`` or ``"madpipe"``.
-        checkpoint: ``"always"``, ``"except_last"`` or ``"never"``.
+        checkpoint: ``"always"``, ``"except_last"`` or ``"never"`` for every
+            layer, or ``"per_layer"``: the fewest layers recomputed that make
+            each device's simulated peak fit ``memory`` (nothing where it
+            fits without; ``p.recomputed_layers`` lists them; Note
+            [Recompute per layer]).
         portals: skip values go straight to their readers (True) or through
             every stage between (False, torchgpipe without portals).
         memory: capacity per device (``"16GiB"``, bytes, or one per device).

@@ -108,6 +108,35 @@ TEST(Checkpoint, AlwaysRecomputesWhatEachStagesBackwardReads) {
   }
 }
 
+// Per layer (CheckpointOptions::layers, Note [Recompute per layer]): only
+// fc2 is recomputed; the loss's values and fc1's stay stored, and fc2's copy
+// reads them.
+TEST(Checkpoint, OnlyTheChosenLayersAreRecomputed) {
+  ir::Graph g = splitMlp(2);
+  CheckpointOptions o;
+  o.mode = CheckpointMode::Always;
+  o.layers.emplace(std::initializer_list<std::string>{"fc2"});
+  std::vector<int32_t> one_stage(g.numNodes(), 0);
+  CheckpointResult r = checkpoint(g, one_stage, o);
+  ir::verify(r.graph);
+  ASSERT_EQ(r.groups.size(), 2u);  // micro-batches 0 and 1
+  for (const RecomputeGroup& grp : r.groups) {
+    for (ir::NodeId n : grp.nodes) EXPECT_EQ(r.graph.node(n).layer, "fc2") << r.graph.nodeRef(n);
+  }
+  EXPECT_EQ(nodeText(r.graph, "p.mb0.rc"),
+            R"(%p.mb0.rc: f32[4, 4] = aten::mm(%a.mb0, %w2) {layer="fc2", phase=recompute, mb=0})");
+  EXPECT_FALSE(r.graph.findValue("a.mb0.rc").has_value());     // fc1: stored
+  EXPECT_FALSE(r.graph.findValue("loss.mb0.rc").has_value());  // the loss: stored
+  EXPECT_EQ(nodeText(r.graph, "g.mb0"), R"(%g.mb0: f32[] = aten::ones_like(%loss.mb0) {layer="loss", phase=bwd, mb=0})");
+  // Every layer named is what no filter does; no layer named, nothing.
+  o.layers.emplace(std::initializer_list<std::string>{"fc1", "fc2", "loss"});
+  CheckpointOptions all;
+  all.mode = CheckpointMode::Always;
+  EXPECT_EQ(ir::print(checkpoint(g, one_stage, o).graph), ir::print(checkpoint(g, one_stage, all).graph));
+  o.layers.emplace();
+  EXPECT_EQ(ir::print(checkpoint(g, one_stage, o).graph), ir::print(g));
+}
+
 TEST(Checkpoint, ExceptLastSkipsTheLastMicrobatch) {
   ir::Graph g = splitMlp(3);
   CheckpointResult r = run(g, stagesByLayer(g, "fc1"), CheckpointMode::ExceptLast);

@@ -126,9 +126,9 @@ TEST(StrategySearch, PipelineCandidatesCoverSchedulesMicrobatchesPartitionsAndCh
   StrategySearch s = searchStrategy(step, o);
   // 1 + 3 placers + m in {2, 4, 8} x (gpipe, 1f1b, zb-h1: 3 partitions;
   // 1f1b*: 4; zb-v and interleaved per v: 2, not balance-time-comm) x 3
-  // checkpoints; v = 2, and 3 when the step has 6 layers.
+  // checkpoints and per_layer; v = 2, and 3 when the step has 6 layers.
   const size_t vs = orderLayers(step).layers.size() >= 6 ? 2 : 1;
-  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u * 3u + 4u + 2u + 2u * vs) * 3u);
+  EXPECT_EQ(s.candidates.size(), 1u + 3u + 3u * (3u * 3u + 4u + 2u + 2u * vs) * 4u);
   double best = std::numeric_limits<double>::infinity();
   int pipelines_ok = 0;
   for (const StrategyCandidate& c : s.candidates) {
@@ -166,6 +166,37 @@ StrategySearchOptions pipelinesAtFourMicrobatches() {
   o.checkpoints = {"never"};
   o.partitions = {"balance-time"};
   return o;
+}
+
+// checkpoint='per_layer' in the search (Note [Recompute per layer]): 1F1B,
+// batch 64, m = 4. With no limit it is pruned as never's twin; at always's
+// peak (where never and except_last do not fit) it is planned, fits, and is
+// chosen over always, whose step recomputes every layer.
+TEST(StrategySearch, PerLayerIsPlannedWhereNeverDoesNotFitAndBeatsAlways) {
+  ir::Graph step = ir::parseGraph(testing::readExample("skip_step_symbolic.txt"));
+  StrategySearchOptions o = pipelinesAtFourMicrobatches();
+  o.batch_size = 64;
+  o.schedules = {"1f1b"};
+  o.checkpoints = {"always", "except_last", "never", "per_layer"};
+  o.prune = true;
+  StrategySearch free = searchStrategy(step, o);
+  ASSERT_EQ(free.candidates.size(), 4u);
+  EXPECT_EQ(free.candidates[3].status, CandidateStatus::Pruned);
+  EXPECT_HAS(free.candidates[3].reason, "checkpoint='never' fits");
+  EXPECT_EQ(free.chosenCandidate().checkpoint, "never");
+
+  const int64_t limit = free.candidates[0].peak_bytes;  // always's
+  ASSERT_LT(limit, free.candidates[2].peak_bytes);
+  o.memory_bytes = {limit};
+  StrategySearch bound = searchStrategy(step, o);
+  EXPECT_EQ(bound.candidates[1].status, CandidateStatus::DoesNotFit);  // except_last
+  EXPECT_EQ(bound.candidates[2].status, CandidateStatus::DoesNotFit);  // never
+  ASSERT_EQ(bound.candidates[3].status, CandidateStatus::Ok) << bound.candidates[3].reason;
+  EXPECT_LE(bound.candidates[3].peak_bytes, limit);
+  EXPECT_LT(bound.candidates[3].step_us, bound.candidates[0].step_us);
+  EXPECT_EQ(bound.chosenCandidate().checkpoint, "per_layer");
+  ASSERT_TRUE(bound.pipeline.has_value());
+  EXPECT_FALSE(bound.pipeline->recomputed_layers.empty());
 }
 
 // Note [Schedules in the search]: interleaved 1F1B is searched by default
