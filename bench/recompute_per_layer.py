@@ -34,20 +34,9 @@ import torch
 import torch.nn.functional as F
 
 import modelpar
+from zoo_pipeline_throughput import make_model  # the same Llama-style decoder
 
 WHOLE = ("never", "except_last", "always")
-
-
-def make_model(hidden: int, layers: int, seq: int, vocab: int) -> torch.nn.Module:
-    import transformers
-    cfg = transformers.LlamaConfig(vocab_size=vocab, hidden_size=hidden,
-                                   intermediate_size=int(hidden * 8 / 3) // 64 * 64,
-                                   num_hidden_layers=layers, num_attention_heads=max(1, hidden // 64),
-                                   num_key_value_heads=max(1, hidden // 256),
-                                   max_position_embeddings=seq, attention_dropout=0.0)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(cfg).train()
 
 
 def compiled(args, checkpoint: str, memory: int | None):

@@ -68,7 +68,7 @@ struct PipelineOptions {
   std::string schedule = "gpipe";          // "gpipe", "1f1b", "1f1b*", "interleaved", "zb-h1", "zb-v"
   int virtual_stages = 0;                  // >= 0; stages per device, > 1 only with "interleaved" or "zb-v" (only 2) (0: 2 for them, else 1)
   std::string partition = "balance-time";  // "balance-time", "balance-size", "balance-time-comm", "madpipe" (set schedule "1f1b*" with it: here the schedule is always given)
-  std::string checkpoint = "except_last";  // "always", "except_last", "never"
+  std::string checkpoint = "except_last";  // "always", "except_last", "never", "per_layer"
   bool portals = true;
   std::string batch_norm = "deferred";     // "refuse", "deferred"
   bool allow_random = true;               // dropout & co. per micro-batch; randperm never (Note [Random ops per micro-batch])

@@ -162,6 +162,8 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         options["strategy"] = "auto"
     elif pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
+        # Each rank measures its own device (Note [Measured memory]).
+        options["measure_memory"] = extra is None
         if extra == "dropped":  # the model checkpoints itself; p = 1 draws the same everywhere
             options["pipeline"].update(checkpoint="never", allow_random=True)
     if trace_dir:
@@ -319,6 +321,10 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         searched = {"machine": rec.search_machine,
                     "candidates": [(c["label"], c["status"], c["step_us"], c["chosen"])
                                    for c in rec.candidates]}
+    # With measure_memory: what the training step's record shows, per rank
+    # its own device's measured peak beside the plan's simulated ones.
+    measured = [(sorted(r.measured_peak_bytes.items()), r.simulated_peak_bytes) for r in modelpar.plans()
+                if r.options.measure_memory and r.pipeline_mode == "step"]
     from modelpar.distributed import rank_executor as mp_dist
     replayed = any("aten::native_dropout_backward" in str(planned.program.graph)
                    for r in modelpar.plans() for planned in (r.pipeline, r.joint)
@@ -330,7 +336,7 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
             stages=[[p.pipeline.schedule, list(p.pipeline.stage_device)]
                     for p in modelpar.plans() if p.pipeline is not None],
             released=released, inference=inference, rehomed=rehomed, norms=norms, scales=scales,
-            traced=traced, materialized=materialized)
+            traced=traced, materialized=materialized, measured=measured)
 
 
 def _resident(t: torch.Tensor) -> float:

@@ -231,6 +231,17 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
     # every parameter is bound on its owner).
     if case == "mlp" and schedule in ("gpipe", "1f1b"):
         assert all(r["rehomed"] for r in results), results
+    # measure_memory (Note [Measured memory]): each rank reports its own
+    # device's peak, never under 0.9x the plan's simulated peak there. Not
+    # yet within 10 % above it on every plan: over ranks some measure more
+    # than the simulation (the MLP's GPipe step 1.30x on rank 1, 832 bytes
+    # of a 2.7 KiB peak; GPT interleaved 1.11x), where the same plans in
+    # one process measure their simulated peaks (test_measured_memory.py).
+    for r in results:
+        assert r["measured"], r["rank"]
+        for measured, simulated in r["measured"]:
+            assert [d for d, _ in measured] == [r["rank"]], measured
+            assert measured[0][1] >= 0.9 * simulated[r["rank"]], (r["rank"], measured, simulated)
 
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "none"), (2, "mlp", "1f1b"),

@@ -87,3 +87,51 @@ def test_memory_report_counts_steps_and_needs_measure_memory() -> None:
     plain = modelpar.Executor(plan.program, device_map="cpu-workers", threads_per_device=1)
     with pytest.raises(modelpar.ConfigError, match="measure_memory"):
         plain.memory_report()
+
+
+def _gpt_step(options: dict, outside: bool):
+    """Two SGD-free steps of the GPT test model compiled with ``options``;
+    the record of the step that ran."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests/python"))
+    from models import CASES
+    torch._dynamo.reset()
+    modelpar.clear_plans()
+    torch.manual_seed(0)
+    case = CASES["gpt"]
+    model = case.make_model()
+    if outside:  # the model alone compiled: two programs, forward and backward
+        compiled = torch.compile(model, backend="modelpar", options=options)
+        step = lambda x, y: case.loss(compiled(x), y)  # noqa: E731
+    else:
+        step = torch.compile(lambda x, y: case.loss(model(x), y), backend="modelpar",
+                             options=options)
+    for seed in range(2):
+        step(*case.batch(seed, 8)).backward()
+    return next(r for r in modelpar.plans() if r.measured_peak_bytes)
+
+
+@pytest.mark.parametrize("how", ["1f1b", "gpipe, loss outside", "placed"])
+def test_torch_compile_reports_each_devices_measured_peak_beside_the_plans(how: str) -> None:
+    """options={"measure_memory": True}: plans() shows what each device held
+    at most in any step beside the simulated peak of the programs that ran,
+    within issue 35's 10 % on each device of the GPT test model. A 1F1B step
+    is one program (measured within bytes of it); GPipe with the loss outside
+    and a placed training step run a forward and a backward program each,
+    whose simulated peaks plans() shows the larger of, not the joint plan's
+    (Note [Saved values cross after the forward]: per device that one is
+    off by up to 23 % here, the sum over the devices within 10 %)."""
+    options = {"devices": 2, "measure_memory": True}
+    if how != "placed":
+        options["pipeline"] = {"schedule": how.split(",")[0], "microbatches": 4,
+                               "checkpoint": "never"}
+    rec = _gpt_step(options, outside=how.endswith("outside"))
+    simulated = rec.simulated_peak_bytes
+    assert sorted(rec.measured_peak_bytes) == [0, 1]
+    measured = [rec.measured_peak_bytes[d] for d in (0, 1)]
+    assert "memory per device, measured (most any step held) / simulated: dev0 " in str(rec)
+    for d in (0, 1):
+        assert measured[d] == pytest.approx(simulated[d], rel=RTOL), (d, measured, simulated)
+    if how == "placed":
+        joint = list(rec.joint.peak_bytes)
+        assert sum(measured) == pytest.approx(sum(joint), rel=RTOL), (measured, joint)

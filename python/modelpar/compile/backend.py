@@ -517,7 +517,8 @@ class _Capture:
                             threads_per_device=threads_per_worker(placement.program),
                             record_trace=self.opts.trace is not None,
                             replay="graphs" if self.opts.cuda_graphs else "streams",
-                            kernels=self.opts.kernels)
+                            kernels=self.opts.kernels,
+                            measure_memory=self.opts.measure_memory)
         ex = make_executor()
         self.plan.add_kernel_regions(f"{kind.value} graph", ex.kernel_regions)
         self.executors[kind.value] = ex

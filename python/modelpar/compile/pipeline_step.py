@@ -323,7 +323,8 @@ class PipelineStep:
                                   threads_per_device=threads_per_worker(p),
                                   record_trace=self.opts.trace is not None,
                                   replay="graphs" if self.opts.cuda_graphs else "streams",
-                                  kernels=self.opts.kernels)
+                                  kernels=self.opts.kernels,
+                                  measure_memory=self.opts.measure_memory)
                          for p in programs]
         for k, ex in enumerate(executors):
             part = f", part {k + 1} of {len(executors)}" if len(executors) > 1 else ""
@@ -407,7 +408,7 @@ class PipelineStep:
                       threads_per_device=threads_per_worker(program),
                       record_trace=self.opts.trace is not None,
                       replay="graphs" if self.opts.cuda_graphs else "streams",
-                      kernels=self.opts.kernels)
+                      kernels=self.opts.kernels, measure_memory=self.opts.measure_memory)
         return _Built(plan, [ex], [{n: i for i, n in enumerate(program.graph.output_names)}],
                       [list(program.graph.input_names)])
 
@@ -472,6 +473,7 @@ class PipelineStep:
                             # the second part's inputs are values the first left where made
                             check_inputs=self.opts.input_check_every if k == 0 else None,
                             replicas=self.opts.dp_group, kernels=self.opts.kernels,
+                            measure_memory=self.opts.measure_memory,
                             # Note [Gradients averaged over the replicas]
                             data_parallel=gradient_reducer(self.opts, self.record,
                                                            [o for o, _ in homes], what))

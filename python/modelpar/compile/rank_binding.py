@@ -69,6 +69,7 @@ def bind_on_ranks(opts: CompileOptions, plan: PlanRecord, program: Any, kind: Gr
                       check_inputs=(None if kind is GraphKind.BACKWARD
                                     else opts.input_check_every),
                       replicas=opts.dp_group, kernels=opts.kernels,
+                      measure_memory=opts.measure_memory,
                       data_parallel=gradient_reducer(opts, plan, grads, what))
     return ex, RankGraph(ex, imported.output_map, imported.constants, plan, kind,
                     placeholders=kind is GraphKind.FORWARD)

@@ -158,6 +158,11 @@ class PlanRecord:
         default_factory=lambda: collections.deque(maxlen=STEP_TIMES_KEPT))
     steps_measured: int = 0
     step_time_total_us: float = 0.0
+    #: With ``measure_memory``: device -> the most bytes of tensor storages
+    #: any executor of the step held there after any instruction, over every
+    #: step run (Note [Measured memory]); over a process group, this rank's
+    #: device only.
+    measured_peak_bytes: dict[int, int] = field(default_factory=dict)
     #: Where the last step's measured / simulated Chrome traces were written.
     trace_path: str | None = None
     simulated_trace_path: str | None = None
@@ -238,6 +243,8 @@ class PlanRecord:
         trace = self._step_trace() if self.options.trace else None
         if trace is not None:
             trace.add(self.name, kind, executor, start_ns)
+        if self.options.measure_memory:
+            self._note_memory(executor)
         if kind == "forward":
             self._pending_forward = (start_ns, end_ns)
             return
@@ -258,6 +265,31 @@ class PlanRecord:
             self.trace_path = str(trace.path)
             if trace.simulated_path is not None and trace.simulated:
                 self.simulated_trace_path = str(trace.simulated_path)
+
+    def _note_memory(self, executor: Any) -> None:
+        """Folds an executor's last measured step into measured_peak_bytes
+        (a rank executor reports its own device only)."""
+        devices = executor.memory_report()["devices"]
+        mine = getattr(executor, "rank_now", None)
+        for d, m in enumerate(devices):
+            if mine is None or d == mine:
+                self.measured_peak_bytes[d] = max(self.measured_peak_bytes.get(d, 0),
+                                                  int(m["peak_bytes"]))
+
+    @property
+    def simulated_peak_bytes(self) -> list[int] | None:
+        """Each device's simulated peak of the programs that run: the
+        pipeline's, else the largest of the placed graphs' (a training step
+        placed as one runs as its forward and backward programs, whose peaks
+        these are, not the joint plan's: Note [Saved values cross after the
+        forward] in passes/plan_joint.h)."""
+        placed = [r.placement for r in self.graphs.values() if r.placement is not None]
+        plans = [self.pipeline] if self.pipeline is not None else placed or [self.joint]
+        plans = [p for p in plans if p is not None]
+        if not plans:
+            return None
+        n = max(len(p.peak_bytes) for p in plans)
+        return [max(int(p.peak_bytes[d]) for p in plans if d < len(p.peak_bytes)) for d in range(n)]
 
     def _step_trace(self) -> StepTrace:
         rank = None
@@ -418,6 +450,9 @@ class PlanRecord:
                              f"step{'s' if len(self.step_times_us) != 1 else ''}")
             else:
                 lines.append("  measured step: not run yet")
+            if self.options.measure_memory:
+                lines.append("  memory per device, measured (most any step held) / simulated: "
+                             + self._memory_line())
             if self.data_parallel is not None:
                 lines.append(f"  data parallel: {self.data_parallel.summary()}")
             if self.trace_path:
@@ -445,12 +480,26 @@ class PlanRecord:
             lines.extend("    " + line for line in str(p).rstrip("\n").splitlines())
         return "\n".join(lines)
 
+    def _memory_line(self) -> str:
+        simulated = self.simulated_peak_bytes or []
+        if not self.measured_peak_bytes:
+            return "not run yet"
+        cells = []
+        for d in sorted(self.measured_peak_bytes):
+            sim = f"{_mib(simulated[d])}" if d < len(simulated) else "-"
+            cells.append(f"dev{d} {_mib(self.measured_peak_bytes[d])} / {sim}")
+        return ", ".join(cells)
+
     def __str__(self) -> str:
         return self.summary()
 
     def __repr__(self) -> str:
         kinds = ", ".join(f"{k}={g.runs_on}" for k, g in self.graphs.items())
         return f"<modelpar.compile.records.PlanRecord {self.index} {self.function}: {kinds}>"
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 _lock = threading.Lock()

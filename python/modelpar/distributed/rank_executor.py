@@ -129,7 +129,8 @@ class RankExecutor:
                  output_homes: Sequence[tuple[int, int]] = (), verify: bool = True,
                  record_trace: bool = False, trains: bool = True, what: str = "a step",
                  check_inputs: int | None = None, replicas: Any = None,
-                 data_parallel: GradientReducer | None = None, kernels: str = "aten") -> None:
+                 data_parallel: GradientReducer | None = None, kernels: str = "aten",
+                 measure_memory: bool = False) -> None:
         import torch.distributed as dist
         #: With ``kernels="inductor"``: the kernel regions (Note [Kernel
         #: regions], kernels/regions.py); else None.
@@ -159,7 +160,8 @@ class RankExecutor:
                                    device=device, replicated_outputs=list(replicated_outputs),
                                    output_homes=[tuple(h) for h in output_homes], verify=verify,
                                    record_trace=record_trace,
-                                   reverse_group_name=reverse.group_name if reverse else "")
+                                   reverse_group_name=reverse.group_name if reverse else "",
+                                   measure_memory=measure_memory)
         _live_executors.add(self)
         # Note [Inputs every rank must agree on] (input_check.py): the data
         # inputs, checked over the group at the first run and every
@@ -185,6 +187,18 @@ class RankExecutor:
                     if r != "input" and d == self.rank_now]
             self.replica_check = AgreementCheck(replicas, mine, [names[i] for i in mine], 0,
                                                 timeout_s, what, _replicas_differ)
+
+    def memory_report(self) -> dict:
+        """This rank's measured memory (needs ``measure_memory=True``): as
+        :meth:`modelpar.Executor.memory_report`, one entry per device of
+        the program with only this rank's (``rank_now``) filled: what its
+        value slots held, a received tensor's strides header included
+        (Note [Measured memory]).
+
+        Raises:
+            ConfigError: the executor was built without ``measure_memory``.
+        """
+        return self._ex.memory_report()
 
     def chrome_trace(self) -> str:
         """Chrome trace JSON of the last step on this rank: one process, this

@@ -77,7 +77,10 @@ OPTION_DOCS: dict[str, str] = {
         "`\"balance-time-comm\"` (PipeDream's DP; formerly `\"pipedream\"`, which now names the new "
         "name), `\"madpipe\"` (memory-aware DP; only with schedule `\"1f1b*\"`)."),
     "pipeline.checkpoint": (
-        "`\"always\"`, `\"except_last\"` (torchgpipe's default) or `\"never\"`. Not given: "
+        "`\"always\"`, `\"except_last\"` (torchgpipe's default) or `\"never\"` for every layer, "
+        "or `\"per_layer\"`: the fewest layers recomputed that make each device's simulated peak "
+        "fit `memory`, most bytes freed per microsecond of recomputation first (nothing where "
+        "the step fits without; Note [Recompute per layer], [Pipelines](pipelines.md)). Not given: "
         "`\"except_last\"`, or `\"never\"` for a model that checkpoints itself (then a mode asked "
         "for by name is a `ConfigError`)."),
     "pipeline.portals": (
@@ -111,6 +114,14 @@ OPTION_DOCS: dict[str, str] = {
         "regions, what ran op by op and why. The first step pays Inductor's compile time (seconds "
         "per region on a small CPU), and planning does not yet cost the compiled kernels. See "
         "[Kernels](executor.md#kernel-regions-kernelsinductor)."),
+    "measure_memory": (
+        "False, or True: every executor of the step measures each device's memory, the bytes of "
+        "distinct tensor storages its values hold after each instruction (Note [Measured "
+        "memory]), and `plans()[-1]` shows the most each device held in any step beside the "
+        "simulated peak of the programs that ran (`measured_peak_bytes`, "
+        "`simulated_peak_bytes`). Over a process group each rank reports its own device. A "
+        "run's temporaries and steps replayed as CUDA graphs are not seen; off, it costs a "
+        "branch per instruction."),
     "trace": (
         "None or a file path (`step.json`). After every step the measured Chrome trace (forward "
         "then backward executor) is written there and the simulated one beside it "

@@ -25,6 +25,7 @@ silently ignored.
 | ``input_check_every`` | int >= 0 | 0 | works over a process group: the first step of every executor over ranks all-gathers a fingerprint (shape, dtype, 64 strided elements) of each data input over the ranks that must feed the same batch (one pipeline) and raises ConfigError on every rank naming the inputs and ranks that differ, before anything runs; N > 0 checks again every N steps, 0 never after the first (distributed/input_check.py) |
 | ``kernels`` | ``"aten"``, ``"inductor"`` | ``"aten"`` | works: ``"inductor"`` compiles each run of a device's operators between transfers (one phase, one micro-batch) with Inductor at its first call and runs it as one node of the program (Note [Kernel regions], modelpar/kernels/); random and in-place operators stay op by op; ``print(plan)`` lists the regions and what ran op by op and why |
 | ``trace`` | None or a path (``step.json``) | None | works: after every step the measured Chrome trace (forward then backward executor) is written there and the simulated one of the joint plan beside it (``step.simulated.json``); over a process group one file per rank (``step.rank<r>.json``) |
+| ``measure_memory`` | bool | False | works: every executor of the step measures each device's memory (the bytes of distinct tensor storages its values hold after each instruction, Note [Measured memory]); ``plans()[-1]`` shows the most any step held on each device beside the plan's simulated peak (over a process group, each rank its own device); off, it costs a branch per instruction |
 
 Frameworks that call torch.compile for you (transformers' Trainer with
 ``torch_compile_backend="modelpar"``) pass no options: set them in the
@@ -155,6 +156,7 @@ class CompileOptions:
     mesh: Any = None
     input_check_every: int = 0
     kernels: str = "aten"
+    measure_memory: bool = False
     mode: str = "default"
     #: Plan over the ranks of ``process_group`` (resolved: never None then).
     world: bool = False
@@ -184,7 +186,7 @@ class CompileOptions:
         """Whether graphs are planned by passes' plan() and run by the
         multi-device Executor (else: the one-device interpreter)."""
         return (self.devices > 1 or self.world or self.memory is not None
-                or self.trace is not None or self.whole_step
+                or self.trace is not None or self.whole_step or self.measure_memory
                 or self.cuda_graphs or self.device_map not in (None, "cpu"))
 
     @property
@@ -350,6 +352,7 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
 
     # 1. Types and ranges.
     strict = _bool("strict", options.get("strict", False))
+    measure_memory = _bool("measure_memory", options.get("measure_memory", False))
     cuda_graphs = _bool("cuda_graphs", options.get("cuda_graphs", False))
     dump_dir = _path("dump_dir", options.get("dump_dir", os.environ.get("MODELPAR_DUMP_DIR") or None),
                      "a directory path")
@@ -489,4 +492,4 @@ def _resolve(options: Mapping[str, Any], mode: str | None) -> CompileOptions:
                           strategy=strategy, mode=mode, process_group=process_group,
                           peer_timeout=float(peer_timeout), world=world, mesh=mesh,
                           input_check_every=input_check_every, dp_group=dp_group,
-                          kernels=kernels)
+                          kernels=kernels, measure_memory=measure_memory)
