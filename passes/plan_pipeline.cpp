@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "ir/check.h"
+#include "ir/receive_order.h"
 #include "ir/verifier.h"
 #include "passes/cost/op_family.h"
 #include "passes/option_names.h"
@@ -438,20 +439,25 @@ PipelineScheduleOptions scheduleOptions(const CheckpointResult& ck, const Pipeli
 }
 
 // Scheduled and lowered: MadPipe's periodic pattern where it has one and
-// the graph agrees, else the schedule's clock. `patterned` says which.
+// the graph agrees, else the schedule's clock. `patterned` says which. For
+// ranks, with the receives in their senders' order (what runs).
 PipelineProgram lowerScheduled(const CheckpointResult& ck, const PipelinePlan& plan,
                                const PipelinePlanOptions& o, bool& patterned) {
   PipelineScheduleOptions so = scheduleOptions(ck, plan, o);
   patterned = so.pattern.has_value();
+  auto ranked = [&](PipelineProgram pp) {
+    if (o.receive_in_send_order) pp.program = ir::receiveInSendOrder(pp.program);
+    return pp;
+  };
   try {
-    return lowerPipeline(ck.graph, so);
+    return ranked(lowerPipeline(ck.graph, so));
   } catch (const ConfigError&) {
     if (!so.pattern) throw;
     // The pattern was computed on the chain; a graph edge it does not
     // model may contradict it: the clock's 1F1B* order then.
     so.pattern.reset();
     patterned = false;
-    return lowerPipeline(ck.graph, so);
+    return ranked(lowerPipeline(ck.graph, so));
   }
 }
 

@@ -94,6 +94,11 @@ struct PipelinePlanOptions : PassRunnerOptions {
   double weight_copies = 3.0;
   /// Keep every instruction's times in the report (for traces).
   bool record_timeline = false;
+  /// Planned for the ranks of a process group: every device's receives
+  /// are put in their senders' order (ir/receive_order.h) before the
+  /// simulation, as the rank executor runs them, so that the simulated
+  /// peaks and the memory check are those of what runs.
+  bool receive_in_send_order = false;
   /// MadPipe's phase 2: CBC's time limit per pattern solve, a backstop
   /// (PartitionOptions::madpipe_pattern_time_limit_s).
   double madpipe_pattern_time_limit_s = 10;

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <unordered_map>
 
+#include "ir/receive_order.h"
 #include "ir/check.h"
 #include "ir/printer.h"
 #include "ir/verifier.h"
@@ -353,7 +354,11 @@ int64_t runPins(PassRunner& ins, ir::Graph& g, const PlacementOptions& o, Placem
 ir::Program runLower(PassRunner& ins, ir::Graph& g, const Placement& placement,
                      const PlacementOptions& o) {
   std::optional<ir::Program> program;
-  ins.run(kLowerPassId, [&] { program.emplace(lower(g, placement, o.lower_options)); });
+  ins.run(kLowerPassId, [&] {
+    program.emplace(lower(g, placement, o.lower_options));
+    // Note [Receiving in send order]: what a rank runs.
+    if (o.receive_in_send_order) program = ir::receiveInSendOrder(*program);
+  });
   PassStats& ls = ins.last();
   int64_t frees = 0, transfers = 0, instructions = 0;
   for (int d = 0; d < program->numDevices(); ++d) {

@@ -105,6 +105,11 @@ struct PlacementOptions : PassRunnerOptions {
   LowerOptions lower_options;
   /// Keep every instruction's times in the report (needed for traces).
   bool record_timeline = false;
+  /// Planned for the ranks of a process group: every device's receives in
+  /// their senders' order after lowering (ir/receive_order.h), as the rank
+  /// executor runs them, so that the simulated peaks and the memory check
+  /// are those of what runs.
+  bool receive_in_send_order = false;
 };
 
 /// What planPlacement() returns: the Program and its report.

@@ -40,8 +40,10 @@ std::string nodeName(const ir::Graph& g, ir::NodeId n) {
 passes::PlacementOptions planOptions(std::optional<int> devices, std::vector<int64_t> memory,
                                 std::string placer, bool coarsen,
                                 std::optional<std::string> dump_dir, double lp_time_limit_s,
-                                std::vector<std::pair<std::string, int>> pinned_layers) {
+                                std::vector<std::pair<std::string, int>> pinned_layers,
+                                bool receive_in_send_order) {
   passes::PlacementOptions o;
+  o.receive_in_send_order = receive_in_send_order;
   o.pinned_layers = std::move(pinned_layers);
   o.devices = devices;
   o.memory_bytes = std::move(memory);
@@ -57,10 +59,11 @@ passes::PlacementPlan planGraph(const ir::Graph& g, std::optional<int> devices,
                        std::vector<int64_t> memory, std::string placer,
                        std::optional<std::string> machine, bool coarsen,
                        std::optional<std::string> dump_dir, double lp_time_limit_s,
-                       std::vector<std::pair<std::string, int>> pinned_layers) {
+                       std::vector<std::pair<std::string, int>> pinned_layers,
+                       bool receive_in_send_order) {
   passes::PlacementOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
                                       std::move(dump_dir), lp_time_limit_s,
-                                      std::move(pinned_layers));
+                                      std::move(pinned_layers), receive_in_send_order);
   py::gil_scoped_release no_gil;
   if (machine) o.machine = passes::DeviceModel::load(*machine);
   return passes::planPlacement(g, o);
@@ -77,10 +80,10 @@ std::tuple<passes::PlacementPlan, passes::PlacementPlan, passes::PlacementPlan, 
     bool coarsen, std::optional<std::string> dump_dir, double lp_time_limit_s,
     const std::map<std::string, int64_t>& symbol_sizes,
     std::vector<std::pair<std::string, int>> pinned_layers,
-    std::vector<std::pair<std::string, int>> pinned_inputs) {
+    std::vector<std::pair<std::string, int>> pinned_inputs, bool receive_in_send_order) {
   passes::PlacementOptions o = planOptions(devices, std::move(memory), std::move(placer), coarsen,
                                       std::move(dump_dir), lp_time_limit_s,
-                                      std::move(pinned_layers));
+                                      std::move(pinned_layers), receive_in_send_order);
   o.pinned_inputs = std::move(pinned_inputs);
   // The sizes of this call: costs and memory at the batch being planned, not
   // at CostOptions::default_symbol_size.
@@ -289,6 +292,7 @@ void bindPlacement(py::module_& m) {
   m.def("plan_graph", &planGraph, py::arg("graph"), py::arg("devices"), py::arg("memory"),
         py::arg("placer"), py::arg("machine"), py::arg("coarsen"), py::arg("dump_dir"),
         py::arg("lp_time_limit_s"), py::arg("pinned_layers") = std::vector<std::pair<std::string, int>>{},
+        py::arg("receive_in_send_order") = false,
         "passes::plan on a copy of graph; see modelpar.plan_graph.");
   m.def("plan_joint", &planJoint, py::arg("forward"), py::arg("backward"), py::arg("saved"),
         py::arg("tangents"), py::arg("gradients"), py::arg("devices"), py::arg("memory"), py::arg("placer"),
@@ -296,6 +300,7 @@ void bindPlacement(py::module_& m) {
         py::arg("symbol_sizes") = std::map<std::string, int64_t>{},
         py::arg("pinned_layers") = std::vector<std::pair<std::string, int>>{},
         py::arg("pinned_inputs") = std::vector<std::pair<std::string, int>>{},
+        py::arg("receive_in_send_order") = false,
         "passes::planJoint: forward and backward planned as one, split into one plan each; "
         "returns (joint, forward, backward, moved_to_layer_device, moved_to_parameter_device).");
   m.def("join_step", &joinStep, py::arg("forward"), py::arg("backward"), py::arg("saved"),
@@ -627,8 +632,9 @@ void bindPipeline(py::module_& m) {
          std::string schedule, std::string partition, std::string checkpoint, bool portals,
          std::vector<int64_t> memory, std::optional<std::string> machine,
          std::string loss_reduction, bool allow_random, const std::string& batch_norm,
-         int virtual_stages) {
+         int virtual_stages, bool receive_in_send_order) {
         passes::PipelinePlanOptions o;
+        o.receive_in_send_order = receive_in_send_order;
         o.devices = devices;
         o.microbatches = microbatches;
         o.batch_size = batch_size;
@@ -650,6 +656,7 @@ void bindPipeline(py::module_& m) {
       py::arg("schedule"), py::arg("partition"), py::arg("checkpoint"), py::arg("portals"),
       py::arg("memory"), py::arg("machine"), py::arg("loss_reduction"), py::arg("allow_random"),
       py::arg("batch_norm") = "refuse", py::arg("virtual_stages") = 0,
+      py::arg("receive_in_send_order") = false,
       "passes::planPipeline; see modelpar.plan_pipeline.");
   m.def(
       "split_phases",

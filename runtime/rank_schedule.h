@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/program.h"
+#include "ir/receive_order.h"
 
 namespace modelpar::runtime {
 
@@ -19,21 +20,10 @@ struct OutputPlaces {
 /// Follows every list (inputs where placed, run and recv define, free drops).
 OutputPlaces outputPlaces(const ir::Program& p);
 
-/// Note [Receiving in send order]: `p` with every device's receives from
-/// each peer in the order that peer sends them, so that transfers pair by
-/// order (what NCCL needs; checkPairOrder holds after it). At device b's
-/// `recv %v <- a`, the values a sent to b before v that b has not received
-/// yet are received first, right there, and their later receives go. That
-/// adds no wait: a sends them before v, and sends never block, so they are
-/// in b's mailbox whenever v is (Note [Program semantics]); a received value
-/// only lives longer. Runs, sends and frees keep their order. A receive of a
-/// value its peer does not send is an InvalidIrError; the caller verifies
-/// the result (the rank executor does, with `verify` on).
-ir::Program receiveInSendOrder(const ir::Program& p);
-
-/// ConfigError unless, for every pair of devices (a, b), the values a sends
-/// to b are, in order, the values b receives from a (NCCL pairs transfers
-/// by order, not by tag; the verifier's mailbox semantics allow any order).
-void checkPairOrder(const ir::Program& p);
+// Note [Receiving in send order]: receiveInSendOrder and checkPairOrder live
+// in ir/receive_order.h, where planning for ranks applies them too (what a
+// rank runs is what is simulated).
+using ir::checkPairOrder;
+using ir::receiveInSendOrder;
 
 }  // namespace modelpar::runtime

@@ -162,12 +162,12 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
         options["strategy"] = "auto"
     elif pipeline and pipeline != "none":
         options["pipeline"] = {"schedule": pipeline, "microbatches": 4}
-        # Each rank measures its own device (Note [Measured memory]).
-        options["measure_memory"] = extra is None
         if extra == "dropped":  # the model checkpoints itself; p = 1 draws the same everywhere
             options["pipeline"].update(checkpoint="never", allow_random=True)
     if trace_dir:
         options["trace"] = os.path.join(trace_dir, "step.json")
+    # Each rank measures its own device (Note [Measured memory]).
+    options["measure_memory"] = extra is None and pipeline != "auto"
     if extra == "inductor":  # Note [Kernel regions]: within tolerances.Compiled
         options["kernels"] = "inductor"
         tol = Compiled(tol.reduction, tol.depth, tol.steps)
@@ -323,8 +323,11 @@ def train(case_name: str, steps: int, pipeline: str | None, extra: str | None = 
                                    for c in rec.candidates]}
     # With measure_memory: what the training step's record shows, per rank
     # its own device's measured peak beside the plan's simulated ones.
-    measured = [(sorted(r.measured_peak_bytes.items()), r.simulated_peak_bytes) for r in modelpar.plans()
-                if r.options.measure_memory and r.pipeline_mode == "step"]
+    def kind(r) -> str:
+        return ("step" if r.pipeline_mode == "step" else "placed" if r.joint is not None
+                else "other")
+    measured = [(sorted(r.measured_peak_bytes.items()), r.simulated_peak_bytes, kind(r))
+                for r in modelpar.plans() if r.measured_peak_bytes]
     from modelpar.distributed import rank_executor as mp_dist
     replayed = any("aten::native_dropout_backward" in str(planned.program.graph)
                    for r in modelpar.plans() for planned in (r.pipeline, r.joint)

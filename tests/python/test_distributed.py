@@ -120,6 +120,31 @@ def test_training_over_ranks_equals_eager(world: int, case: str) -> None:
     shards = [n for r in results for n in r["shard"]]
     model = __import__("models").CASES[case].make_model()
     assert sorted(shards) == sorted(model.state_dict())
+    _assert_measured_memory(results)
+
+
+def _assert_measured_memory(results: list[dict]) -> None:
+    """measure_memory (Note [Measured memory]): each rank reports its own
+    device's peak in every plan it ran. A pipelined training step measures
+    within issue 35's 10 % of its simulated peak there: plans for ranks are
+    simulated with each rank's receives in their senders' order, as the rank
+    executor runs them (Note [Receiving in send order]; before, a value
+    received early lived longer than simulated: the MLP's GPipe step
+    measured 1.30x on rank 1, GPT interleaved 1.11x). A placed training step
+    measures at most 10 % over the larger of its forward's and backward's
+    simulated peaks (the backward's runs above what runs: the CNN's rank 1
+    0.82x; Note [Saved values cross after the forward]). Graphs planned
+    apart (inference, with parameters sent from their training ranks) are
+    not yet simulated as they run over ranks (docs/status.md)."""
+    for r in results:
+        assert r["measured"], r["rank"]
+        for measured, simulated, kind in r["measured"]:
+            assert [d for d, _ in measured] == [r["rank"]], measured
+            got, sim = measured[0][1], simulated[r["rank"]]
+            if kind == "step":
+                assert got == pytest.approx(sim, rel=0.10), (r["rank"], kind, measured, simulated)
+            elif kind == "placed":
+                assert got <= 1.10 * sim, (r["rank"], kind, measured, simulated)
 
 
 def test_a_training_step_planned_again_keeps_the_first_plans_homes() -> None:
@@ -231,17 +256,7 @@ def test_pipelined_training_over_ranks_equals_eager(world: int, case: str, sched
     # every parameter is bound on its owner).
     if case == "mlp" and schedule in ("gpipe", "1f1b"):
         assert all(r["rehomed"] for r in results), results
-    # measure_memory (Note [Measured memory]): each rank reports its own
-    # device's peak, never under 0.9x the plan's simulated peak there. Not
-    # yet within 10 % above it on every plan: over ranks some measure more
-    # than the simulation (the MLP's GPipe step 1.30x on rank 1, 832 bytes
-    # of a 2.7 KiB peak; GPT interleaved 1.11x), where the same plans in
-    # one process measure their simulated peaks (test_measured_memory.py).
-    for r in results:
-        assert r["measured"], r["rank"]
-        for measured, simulated in r["measured"]:
-            assert [d for d, _ in measured] == [r["rank"]], measured
-            assert measured[0][1] >= 0.9 * simulated[r["rank"]], (r["rank"], measured, simulated)
+    _assert_measured_memory(results)
 
 
 @pytest.mark.parametrize("world,case,schedule", [(2, "mlp", "none"), (2, "mlp", "1f1b"),

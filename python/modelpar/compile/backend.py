@@ -425,7 +425,9 @@ class _Capture:
             # and binds each parameter on the rank whose optimizer owns it
             # (its gradient made there), whatever reads it first now.
             pinned_layers=_world_layers.get(self.plan_key()) if self.opts.world else None,
-            pinned_inputs=homes_of(self.plan_key()) if self.opts.world else None)
+            pinned_inputs=homes_of(self.plan_key()) if self.opts.world else None,
+            # Note [Receiving in send order]: what a rank runs is simulated
+            receive_in_send_order=self.opts.world)
         self.joint = _JointPlans({"forward": fw.text, "backward": bw.text},
                                  {"forward": fw_plan, "backward": bw_plan}, joint,
                                  (moved_layer, moved_param))
@@ -500,7 +502,8 @@ class _Capture:
                                    memory=self.opts.memory,
                                    machine=machine_for_options(self.opts),
                                    placer=self.opts.placer or "m-etf",
-                                   dump_dir=self.opts.dump_dir or "", pinned_layers=pinned)
+                                   dump_dir=self.opts.dump_dir or "", pinned_layers=pinned,
+                                   receive_in_send_order=self.opts.world)
         if kind is not GraphKind.BACKWARD:
             self.layer_device.update(placement.layer_devices)
         if self.opts.world and kind is GraphKind.FORWARD:

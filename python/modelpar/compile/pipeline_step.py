@@ -298,7 +298,9 @@ class PipelineStep:
                                  memory=self.opts.memory, machine=machine,
                                  loss_reduction=o["loss_reduction"],
                                  allow_random=o["allow_random"], batch_norm=o["batch_norm"],
-                                 trace=_simulated_trace(self.opts))
+                                 trace=_simulated_trace(self.opts),
+                                 # Note [Receiving in send order]: what a rank runs
+                                 receive_in_send_order=self.opts.world)
         if self.opts.world:
             # Note [One home per parameter] (distributed/homes.py): a parameter
             # keeps the rank of the first training plan; a graph that does

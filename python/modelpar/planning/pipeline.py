@@ -154,7 +154,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                   checkpoint: str = "except_last", portals: bool = True,
                   memory=None, machine: str | None = None, loss_reduction: str = "auto",
                   allow_random: bool = True, batch_norm: str = "refuse",
-                  trace: str | None = None, virtual_stages: int = 0):
+                  trace: str | None = None, virtual_stages: int = 0,
+                  receive_in_send_order: bool = False):
     """Plans a training step pipeline-parallel (passes/plan_pipeline.h):
     the step is split into ``microbatches`` micro-batches, its layers are
     cut into stages by ``partition`` (torchgpipe's balance by time or size,
@@ -201,6 +202,10 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
             stages, stage s on device s % devices, and the bubble of uniform
             stages is (p-1)/(v·m + p-1) instead of 1F1B's (p-1)/(m + p-1), for
             v times the transfers (zb-v: placed in a V).
+        receive_in_send_order: plan for the ranks of a process group: each
+            device's receives in their senders' order, as the rank
+            executor runs them (ir/receive_order.h), before the simulation,
+            so that the simulated peaks and the memory check are of what runs.
 
     Raises:
         ConfigError: a bad option, named with its valid values (before any
@@ -220,7 +225,8 @@ def plan_pipeline(graph: Graph | str, devices: int, microbatches: int, batch_siz
                               f"an int >= {least}")
     p = _C.plan_pipeline(graph, devices, microbatches, batch_size, schedule, partition,
                          checkpoint, bool(portals), memory_list(memory), machine,
-                         loss_reduction, bool(allow_random), batch_norm, virtual_stages)
+                         loss_reduction, bool(allow_random), batch_norm, virtual_stages,
+                         bool(receive_in_send_order))
     if trace is not None:
         p.write_trace(str(trace))
     return p

@@ -109,7 +109,8 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
                trace: str | os.PathLike[str] | None = None, *, coarsen: bool = True,
                dump_dir: str | os.PathLike[str] | None = None,
                lp_time_limit_s: float = 20.0,
-               pinned_layers: dict[str, int] | None = None) -> PlacementPlan:
+               pinned_layers: dict[str, int] | None = None,
+               receive_in_send_order: bool = False) -> PlacementPlan:
     """Places ``graph`` on ``devices`` logical devices and simulates the step.
 
     Args:
@@ -131,6 +132,10 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
         lp_time_limit_s: m-SCT's LP time limit.
         pinned_layers: layer -> device; the nodes of those layers run there
             whatever the placer chose (PlanOptions::pinned_layers).
+        receive_in_send_order: plan for the ranks of a process group: each
+            device's receives in their senders' order after lowering, as the
+            rank executor runs them (Note [Receiving in send order]), so that
+            the simulated peaks and the memory check are of what runs.
 
     Raises:
         ConfigError: a bad option (named, with its valid values), an
@@ -151,7 +156,8 @@ def plan_graph(graph: Graph | str | os.PathLike[str], devices: int | None = None
     p = _C.plan_graph(graph, devices, memory_list(memory), placer,
                       None if machine is None else os.fspath(machine), bool(coarsen),
                       None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
-                      [(str(k), int(v)) for k, v in (pinned_layers or {}).items()])
+                      [(str(k), int(v)) for k, v in (pinned_layers or {}).items()],
+                      bool(receive_in_send_order))
     if trace is not None:
         p.write_trace(os.fspath(trace))
     return p
@@ -165,7 +171,8 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                lp_time_limit_s: float = 20.0,
                symbol_sizes: dict[str, int] | None = None,
                pinned_layers: dict[str, int] | None = None,
-               pinned_inputs: dict[str, int] | None = None) -> tuple[Any, Any, Any, int, int]:
+               pinned_inputs: dict[str, int] | None = None,
+               receive_in_send_order: bool = False) -> tuple[Any, Any, Any, int, int]:
     """Plans a training step's forward and backward graphs as one
     (passes/plan_joint.h): joins them (``saved``: ``(backward input, forward
     value)`` name pairs; ``tangents``: ``(backward input, forward output)``
@@ -179,6 +186,7 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
     ``symbol_sizes`` gives symbolic dimensions their sizes for the cost model
     (``{"s0": 64}``; others count as 1): torch.compile passes the call's.
     ``pinned_layers``: layer -> device, as for ``plan_graph``;
+    ``receive_in_send_order``: as for ``plan_graph`` (planned for ranks);
     ``pinned_inputs``: forward input name -> the device it is bound on (its
     gradient is made there too).
 
@@ -202,7 +210,8 @@ def plan_joint(forward: Graph, backward: Graph, saved: Sequence[tuple[str, str]]
                          None if dump_dir is None else os.fspath(dump_dir), float(lp_time_limit_s),
                          dict(symbol_sizes or {}),
                          [(str(k), int(v)) for k, v in (pinned_layers or {}).items()],
-                         [(str(k), int(v)) for k, v in (pinned_inputs or {}).items()])
+                         [(str(k), int(v)) for k, v in (pinned_inputs or {}).items()],
+                         bool(receive_in_send_order))
 
 
 def example_inputs(graph: Graph, symbol_sizes: dict[str, int] | None = None,
