@@ -38,7 +38,7 @@ class LivenessScan {
       : p_(p), g_(p.graph()), f_(f), nv_(g_.numValues()), is_output_(nv_, 0),
         input_device_(nv_, -1), input_role_(nv_, 0), defined_(nv_, kUnset), last_use_(nv_, kUnset),
         freed_(nv_, kUnset), class_last_(nv_, kUnset), root_(nv_, ir::kNoId), kept_(nv_, 0),
-        bytes_(nv_, 0) {
+        bytes_(nv_, 0), read_here_(nv_, 0) {
     for (ir::ValueId v : g_.outputs()) is_output_[static_cast<size_t>(v)] = 1;
     for (const ir::Input& in : g_.inputs()) {
       input_device_[static_cast<size_t>(in.value)] = in.device.value_or(0);
@@ -84,13 +84,31 @@ class LivenessScan {
     root_[vi] = r;
     bytes_[vi] = b;
   }
-  // The device's graph inputs, defined before its first instruction.
+  // The device's graph inputs, defined before its first instruction. A
+  // parameter or buffer counts through its readers' persistent bytes, or
+  // its own bytes where no node of this device reads it (Note [Memory
+  // model]: held here only to be sent, as a training rank holds a
+  // parameter an inference graph reads elsewhere).
   void defineInputs(int d) {
-    for (const ir::Input& in : g_.inputs()) {
-      if (input_device_[static_cast<size_t>(in.value)] != d) continue;
-      int64_t b = input_role_[static_cast<size_t>(in.value)] == 1 ? f_.dense_bytes[static_cast<size_t>(in.value)] : 0;
-      define(in.value, -1, in.value, b);
+    for (const ir::Instruction& inst : p_.schedule(d)) {
+      if (inst.kind != ir::Instruction::Kind::Run) continue;
+      auto n = static_cast<size_t>(inst.node);
+      for (int32_t k = f_.arg_begin[n]; k < f_.arg_begin[n + 1]; ++k) {
+        auto v = static_cast<size_t>(f_.args[static_cast<size_t>(k)]);
+        if (input_device_[v] == d && !read_here_[v]) {
+          read_here_[v] = 1;
+          read_list_.push_back(static_cast<ir::ValueId>(v));
+        }
+      }
     }
+    for (const ir::Input& in : g_.inputs()) {
+      auto v = static_cast<size_t>(in.value);
+      if (input_device_[v] != d) continue;
+      const bool counted = input_role_[v] == 1 || !read_here_[v];
+      define(in.value, -1, in.value, counted ? f_.dense_bytes[v] : 0);
+    }
+    for (ir::ValueId v : read_list_) read_here_[static_cast<size_t>(v)] = 0;
+    read_list_.clear();
   }
 
   // 1. Definitions and last uses.
@@ -207,6 +225,8 @@ class LivenessScan {
   std::vector<ir::ValueId> root_;
   std::vector<char> kept_;
   std::vector<int64_t> bytes_;
+  std::vector<char> read_here_;  // defineInputs: inputs a node of the device reads
+  std::vector<ir::ValueId> read_list_;
   std::vector<ir::ValueId> touched_;
   std::vector<int32_t> bucket_;
 };

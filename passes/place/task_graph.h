@@ -30,7 +30,11 @@ namespace modelpar::passes {
 //     optimizer state) and the graph inputs of role `input` count on their
 //     device for the whole step. Parameters and buffers themselves count
 //     through the persistent bytes of their first user; a received copy of
-//     one counts like any received value.
+//     one counts like any received value; and one bound on a device none of
+//     whose nodes reads it (held there only to be sent: a training rank's
+//     parameter that an inference graph planned apart reads on another rank,
+//     Note [One home per parameter]) counts its own bytes there for the
+//     whole step.
 //   * A received copy takes the value's dense size (a view is materialised).
 //   * Graph outputs are never released on the device that produced them.
 //

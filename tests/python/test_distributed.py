@@ -133,9 +133,12 @@ def _assert_measured_memory(results: list[dict]) -> None:
     measured 1.30x on rank 1, GPT interleaved 1.11x). A placed training step
     measures at most 10 % over the larger of its forward's and backward's
     simulated peaks (the backward's runs above what runs: the CNN's rank 1
-    0.82x; Note [Saved values cross after the forward]). Graphs planned
-    apart (inference, with parameters sent from their training ranks) are
-    not yet simulated as they run over ranks (docs/status.md)."""
+    0.82x; Note [Saved values cross after the forward]). So does a graph
+    planned apart (inference, whose parameters stay bound on their training
+    ranks: Note [Memory model] charges a parameter held where no node reads
+    it to that rank; before, the MLP's rank 0 measured 2.3x its simulated
+    peak); its reader counts the parameter twice, as a received copy and in
+    its first user's persistent bytes (the MLP's rank 1 0.57x)."""
     for r in results:
         assert r["measured"], r["rank"]
         for measured, simulated, kind in r["measured"]:
@@ -143,7 +146,7 @@ def _assert_measured_memory(results: list[dict]) -> None:
             got, sim = measured[0][1], simulated[r["rank"]]
             if kind == "step":
                 assert got == pytest.approx(sim, rel=0.10), (r["rank"], kind, measured, simulated)
-            elif kind == "placed":
+            else:
                 assert got <= 1.10 * sim, (r["rank"], kind, measured, simulated)
 
 

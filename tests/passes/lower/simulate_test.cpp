@@ -177,6 +177,29 @@ TEST(Simulate, AReducedLossHoldsItsInputsBytesButItsCopyDoesNot) {
   EXPECT_EQ(r.devices[1].peak_bytes, 4 + 4);
 }
 
+// Note [Memory model]: a parameter counts through its reader's persistent
+// bytes, and also where it is bound but no node reads it (a training rank
+// holding what an inference graph reads elsewhere: Note [One home per
+// parameter]). %w (64 B) is bound on device 0 and read on device 1: device 0
+// holds it for the step; device 1 its received copy (64 B) plus %y's
+// persistent bytes (64 B, its first user) and %y (32 B). %v, bound and read
+// on device 0, counts only through %z's persistent bytes (16 B).
+TEST(Simulate, AParameterHeldWhereNoNodeReadsItCountsThere) {
+  ir::Program p = ir::parseProgram(R"(
+    program devices=2
+    graph @held(%w: f32[4, 4] param {device=0}, %v: f32[4] param {device=0}, %x: f32[2, 4] input {device=1}) {
+      %z: f32[4] = aten::relu(%v) {device=0, cost={time_us=1.0, out=16, temp=0, persist=16}}
+      %y: f32[2, 4] = aten::mm(%x, %w) {device=1, cost={time_us=1.0, out=32, temp=0, persist=64}}
+      return %y, %z
+    }
+    device 0 { send %w -> 1  run %z }
+    device 1 { recv %w <- 0  run %y  free %w }
+  )");
+  SimulationReport r = simulate(p, machine(2));
+  EXPECT_EQ(r.devices[0].peak_bytes, 64 + 16 + 16);
+  EXPECT_EQ(r.devices[1].peak_bytes, 32 + 64 + 64 + 32);
+}
+
 TEST(Simulate, SerialisesSendsAndOverlapsThemWithCompute) {
   // Device 0 sends %a to 1 and 2 (10..13, and 11..14 once the first's byte
   // time has passed) while it runs %b (10..30).
