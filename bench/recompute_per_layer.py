@@ -33,8 +33,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-import modelpar
-from zoo_pipeline_throughput import make_model  # the same Llama-style decoder
+from zoo_pipeline_throughput import first_pipelined_step, make_model, own_code
 
 WHOLE = ("never", "except_last", "always")
 
@@ -46,19 +45,17 @@ def compiled(args, checkpoint: str, memory: int | None):
                                           "checkpoint": checkpoint}}
     if memory is not None:
         options["memory"] = memory
-    fn = torch.compile(lambda a, b: F.cross_entropy(model(a).logits.flatten(0, 1), b.flatten()),
-                       backend="modelpar", options=options)
-    return fn, model
+    step = own_code(lambda a, b: F.cross_entropy(model(a).logits.flatten(0, 1), b.flatten()),
+                    f"{checkpoint}_{memory}")
+    return torch.compile(step, backend="modelpar", options=options), model
 
 
 def first_step(fn, x, y):
     """Runs the step once (compiles and plans); the PipelinePlan it made."""
-    modelpar.clear_plans()
-    fn(x, y).backward()
-    records = [r for r in modelpar.plans() if r.pipeline is not None]
-    if not records:
+    plan = first_pipelined_step(fn, x, y)
+    if plan is None:
         raise SystemExit("no pipelined plan was made (a graph break?): see modelpar.plans()")
-    return records[-1].pipeline
+    return plan
 
 
 def main() -> int:

@@ -38,7 +38,6 @@ import platform
 import statistics
 import sys
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -47,6 +46,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import modelpar  # noqa: E402,F401  (the backend; the plans() of mp-auto)
+from zoo_pipeline_throughput import own_code  # noqa: E402  (one compiled cache per configuration)
 
 CONFIGS: dict[str, dict[str, Any] | None] = {
     "eager": None,
@@ -98,18 +98,9 @@ def _loss(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
     return model(x, labels=y).loss
 
 
-def _own_code(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
-    """``fn`` with a code object of its own. Dynamo caches compiled code per
-    code object, at most ``cache_size_limit`` (8) entries: every runner's
-    closure of one lambda would share one cache, and past 8 configurations
-    Dynamo runs the function eagerly, silently."""
-    code = fn.__code__.replace(co_name=f"step_{tag.replace('-', '_')}")
-    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
-
-
 def _step_fn(name: str, model: torch.nn.Module) -> Callable[..., torch.Tensor]:
     """The compiled (or eager) function returning the step's loss."""
-    fn = _own_code(lambda x, y: _loss(model, x, y), name)
+    fn = own_code(lambda x, y: _loss(model, x, y), name)
     if name == "eager":
         return fn
     if name == "compile":

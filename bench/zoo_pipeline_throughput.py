@@ -18,6 +18,9 @@ import argparse
 import statistics
 import sys
 import time
+import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +38,24 @@ def make_model(hidden: int, layers: int, seq: int, vocab: int) -> torch.nn.Modul
     cfg._attn_implementation = "sdpa"
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(cfg).train()
+
+
+def own_code(fn: Callable[..., Any], tag: str) -> Callable[..., Any]:
+    """``fn`` with a code object of its own. Dynamo caches compiled code per
+    code object, at most ``cache_size_limit`` (8) entries: every runner's
+    closure of one lambda would share one cache, and past 8 configurations
+    Dynamo runs the function eagerly, silently."""
+    code = fn.__code__.replace(co_name=f"step_{''.join(c if c.isalnum() else '_' for c in tag)}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def first_pipelined_step(fn, x, y):
+    """Runs ``fn(x, y).backward()`` once (it compiles and plans); the
+    PipelinePlan it made (``plans()``), or None when nothing was pipelined."""
+    modelpar.clear_plans()
+    fn(x, y).backward()
+    records = [r for r in modelpar.plans() if r.pipeline is not None]
+    return records[-1].pipeline if records else None
 
 
 def time_steps(step, x, y, steps: int) -> list[float]:

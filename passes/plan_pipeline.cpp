@@ -411,10 +411,8 @@ ir::Graph microbatchStep(PassRunner& timer, const ir::Graph& step, const ir::Gra
 
 // 2b. Checkpointed per stage (only the layers in co.layers when given).
 CheckpointResult runCheckpoint(PassRunner& timer, const ir::Graph& mb,
-                               const std::map<std::string, int32_t, std::less<>>& stage_of,
-                               const CheckpointOptions& co) {
-  CheckpointResult ck =
-      timer.run("checkpoint", [&] { return checkpoint(mb, stagesOfNodes(mb, stage_of), co); });
+                               const std::vector<int32_t>& stages, const CheckpointOptions& co) {
+  CheckpointResult ck = timer.run("checkpoint", [&] { return checkpoint(mb, stages, co); });
   timer.last().detail = fmt::format("{} recompute groups", ck.groups.size());
   timer.verifyGraph(ck.graph);
   return ck;
@@ -497,7 +495,7 @@ SimulationReport runSimulate(PassRunner& timer, PipelineProgram& pp, const Devic
 //      layer, or per_layer's choice (Note [Recompute per layer],
 //      recompute_choice.cpp; plan.recomputed_layers set).
 CheckpointOptions runRecomputeChoice(PassRunner& timer, const ir::Graph& mb,
-                                     const std::map<std::string, int32_t, std::less<>>& stage_of,
+                                     const std::vector<int32_t>& stages,
                                      const DeviceModel& machine, PipelinePlan& plan,
                                      const PipelinePlanOptions& o) {
   CheckpointOptions co;
@@ -516,7 +514,6 @@ CheckpointOptions runRecomputeChoice(PassRunner& timer, const ir::Graph& mb,
   }
   std::vector<int64_t> capacity;
   for (int d = 0; d < machine.numDevices(); ++d) capacity.push_back(machine.device(d).memory_bytes);
-  const std::vector<int32_t> stages = stagesOfNodes(mb, stage_of);
   auto trial = [&](const CheckpointOptions& options) {
     CheckpointResult ck = checkpoint(mb, stages, options);
     bool patterned = false;
@@ -563,8 +560,9 @@ PipelinePlan planPipeline(const ir::Graph& step, const PipelinePlanOptions& o) {
   plan.chain = chainOfOneMicrobatch(timer, step, order, machine, plan, o);
   const auto stage_of = runPartition(timer, machine, plan, o);
   ir::Graph mb = microbatchStep(timer, step, order.graph, machine, plan, o);
-  const CheckpointOptions co = runRecomputeChoice(timer, mb, stage_of, machine, plan, o);
-  CheckpointResult ck = runCheckpoint(timer, mb, stage_of, co);
+  const std::vector<int32_t> stages = stagesOfNodes(mb, stage_of);  // every node's, once
+  const CheckpointOptions co = runRecomputeChoice(timer, mb, stages, machine, plan, o);
+  CheckpointResult ck = runCheckpoint(timer, mb, stages, co);
   PipelineProgram pp = runSchedule(timer, ck, plan, o);
   plan.simulation = runSimulate(timer, pp, machine, o);
   plan.stage_of_node = std::move(pp.stage_of_node);
